@@ -1,0 +1,137 @@
+"""The `batchgen` command line.
+
+Exit codes: 0 success, 1 the run failed, 2 the job is not valid, 3 the input data cannot be read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+EXIT_RUN_FAILED, EXIT_BAD_JOB, EXIT_BAD_DATA = 1, 2, 3
+
+app = typer.Typer(
+    name="batchgen",
+    help="Offline batch generation with vLLM as a Prefect workflow: load, prompt, generate, validate, retry, publish.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+JobArg = Annotated[Path, typer.Argument(help="The job file (YAML).", show_default=False)]
+LimitOpt = Annotated[Optional[int], typer.Option("--limit", min=1, help="Use only the first N rows of the input.")]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", help="Override a job field, e.g. --set sampling.max_tokens=64 (repeatable)."),
+]
+
+
+def _quiet_libraries(verbose: bool) -> None:
+    """Library chatter off at the default level; everything with --verbose."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if verbose else "WARNING")
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "info" if verbose else "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    level = logging.DEBUG if verbose else logging.WARNING
+    for name in ("great_expectations", "transformers", "httpx", "vllm"):
+        logging.getLogger(name).setLevel(level)
+
+
+def _fail(code: int, message: str) -> None:
+    typer.echo(f"batchgen: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _load(job: Path, limit: int | None, sets: list[str] | None):
+    from batchgen.job import JobError, load_job, parse_overrides
+
+    try:
+        pairs = list(sets or []) + ([f"input.limit={limit}"] if limit else [])
+        return load_job(job, overrides=parse_overrides(pairs))
+    except JobError as exc:
+        _fail(EXIT_BAD_JOB, str(exc))
+
+
+@app.command()
+def run(
+    job: JobArg,
+    limit: LimitOpt = None,
+    set_: SetOpt = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show library logs too.")] = False,
+) -> None:
+    """Run a job: the batch-generation Prefect flow, end to end."""
+    _quiet_libraries(verbose)
+    spec = _load(job, limit, set_)
+    from batchgen.items import DataError
+    from batchgen.job import JobError
+    from flows.batch_generation import batch_generation
+
+    try:
+        manifest = batch_generation(spec)
+    except JobError as exc:
+        _fail(EXIT_BAD_JOB, str(exc))
+    except DataError as exc:
+        _fail(EXIT_BAD_DATA, str(exc))
+    except Exception as exc:  # the flow run is Failed in Prefect; say so plainly here
+        _fail(EXIT_RUN_FAILED, f"the run failed: {type(exc).__name__}: {exc}")
+    counts = manifest["counts"]
+    typer.echo(json.dumps({"output": spec.output.dir, "counts": counts, "rates": manifest["rates"]}, indent=2))
+
+
+@app.command()
+def check(
+    job: JobArg,
+    limit: LimitOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Validate a job and its data without loading the engine: items, rejected rows, prompt lengths, token estimate."""
+    _quiet_libraries(False)
+    spec = _load(job, limit, set_)
+    from batchgen.items import DataError, load_items
+    from batchgen.job import JobError
+    from batchgen.prompts import build_prompts, check_template_columns
+    from batchgen.tokenizer import load_tokenizer
+
+    try:
+        loaded = load_items(spec.input)
+        check_template_columns(spec.prompt, loaded.columns)
+        _, tokenizer, max_len = load_tokenizer(spec.engine)
+        built = build_prompts(loaded.items, spec.prompt, tokenizer, max_len, loaded.columns)
+    except JobError as exc:
+        _fail(EXIT_BAD_JOB, str(exc))
+    except DataError as exc:
+        _fail(EXIT_BAD_DATA, str(exc))
+    rejected = loaded.rejected + built.rejected
+    lengths = built.prompts["n_prompt_tokens"]
+    report = {
+        "job": spec.name,
+        "items": len(loaded.items) + len(loaded.rejected),
+        "would_generate": len(built.prompts),
+        "would_reject": [
+            {"item_id": r.item_id, "row": r.row_number, "reasons": r.reasons, "detail": r.detail} for r in rejected
+        ],
+        "prompt_tokens": {
+            "min": int(lengths.min()) if len(lengths) else 0,
+            "max": int(lengths.max()) if len(lengths) else 0,
+            "total": int(lengths.sum()),
+            "model_limit": max_len,
+        },
+        "estimate": {
+            "max_output_tokens_first_pass": len(built.prompts) * spec.sampling.n * spec.sampling.max_tokens,
+        },
+    }
+    typer.echo(json.dumps(report, indent=2, ensure_ascii=False))
+
+
+def main() -> None:
+    sys.exit(app())
+
+
+if __name__ == "__main__":
+    main()

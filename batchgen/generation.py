@@ -1,0 +1,164 @@
+"""Generation requests, the engine call, and one row per (item, candidate, attempt).
+
+Pending requests go to the engine in large chunks (one `generate` call each) so vLLM's
+continuous batching stays full; every finished chunk is committed to the result store
+before the next starts, so a crash loses at most the chunk in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pandas as pd
+
+from batchgen.job import SamplingSpec
+
+
+@dataclass
+class GenRequest:
+    """One engine request. A retry of a cut-off candidate is a request of its own (n=1)."""
+
+    item_id: str
+    prompt: str
+    prompt_token_ids: list[int]
+    max_tokens: int  # the total budget of this attempt, prefix included
+    attempt: int = 1
+    strategy: str = "first"  # first | grow | continue
+    candidate: int | None = None  # None on the first pass: candidates come from n
+    n: int = 1
+    prefix_text: str = ""
+    prefix_token_ids: list[int] = field(default_factory=list)
+    prefix_logprob: float | None = 0.0
+
+
+class LLMLike(Protocol):
+    def generate(self, prompts: Any, sampling_params: Any, use_tqdm: bool = ...) -> list[Any]: ...
+
+
+def sampling_kwargs(spec: SamplingSpec) -> dict[str, Any]:
+    """SamplingParams keyword arguments shared by every request of a job."""
+    kwargs = spec.model_dump()
+    kwargs["stop"] = kwargs["stop"] or None
+    kwargs["stop_token_ids"] = kwargs["stop_token_ids"] or None
+    if kwargs["top_k"] is None:
+        kwargs.pop("top_k")
+    # logprobs=0 returns only the sampled token's logprob: enough for cumulative_logprob.
+    kwargs["logprobs"] = 0 if spec.logprobs is None else spec.logprobs
+    return kwargs
+
+
+def request_key(request: GenRequest, sampling: dict[str, Any], model_identity: str) -> str:
+    """What makes a result reusable: item, prompt, model, sampling, budget and prefix."""
+    payload = {
+        "item": request.item_id,
+        "prompt": hashlib.sha256(json.dumps(request.prompt_token_ids).encode()).hexdigest(),
+        "prefix": hashlib.sha256(json.dumps(request.prefix_token_ids).encode()).hexdigest(),
+        "model": model_identity,
+        "sampling": {k: v for k, v in sampling.items() if k not in ("max_tokens", "n")},
+        "max_tokens": request.max_tokens,
+        "n": request.n,
+        "candidate": request.candidate,
+        "attempt": request.attempt,
+        "strategy": request.strategy,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def first_pass_requests(prompts: pd.DataFrame, sampling: SamplingSpec) -> list[GenRequest]:
+    return [
+        GenRequest(item_id=row.item_id, prompt=row.prompt, prompt_token_ids=list(row.prompt_token_ids),
+                   max_tokens=sampling.max_tokens, n=sampling.n)
+        for row in prompts.itertuples(index=False)
+    ]
+
+
+def output_rows(request: GenRequest, output: Any, key: str, seconds: float) -> list[dict[str, Any]]:
+    """Flatten one vLLM RequestOutput into rows, keeping every field the seeds list."""
+    rows = []
+    for completion in output.outputs:
+        logprob = completion.cumulative_logprob
+        if logprob is not None and request.prefix_logprob is not None:
+            logprob = logprob + request.prefix_logprob
+        elif request.prefix_token_ids:
+            logprob = None
+        token_ids = request.prefix_token_ids + list(completion.token_ids)
+        rows.append({
+            "item_id": request.item_id,
+            "candidate": completion.index if request.candidate is None else request.candidate,
+            "attempt": request.attempt,
+            "strategy": request.strategy,
+            "request_key": key,
+            "request_id": str(output.request_id),
+            "prompt": request.prompt,
+            "prompt_token_ids": list(request.prompt_token_ids),
+            "n_prompt_tokens": len(request.prompt_token_ids),
+            "text": request.prefix_text + completion.text,
+            "token_ids": token_ids,
+            "n_output_tokens": len(token_ids),
+            "new_output_tokens": len(completion.token_ids),
+            "cumulative_logprob": logprob,
+            "finish_reason": completion.finish_reason or "unknown",
+            "stop_reason": None if completion.stop_reason is None else str(completion.stop_reason),
+            "max_tokens": request.max_tokens,
+            "chunk_seconds": seconds,
+        })
+    return rows
+
+
+def chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def run_requests(
+    llm_factory: Callable[[], LLMLike],
+    requests: list[GenRequest],
+    sampling: SamplingSpec,
+    model_identity: str,
+    chunk_size: int,
+    done: dict[str, list[dict[str, Any]]] | None = None,
+    on_chunk: Callable[[list[dict[str, Any]], int, int], None] | None = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """Generate every request not already in `done` (keyed by request_key); return all rows and the reuse count.
+
+    The engine is asked for (`llm_factory()`) only when something is left to generate.
+    `on_chunk(new_rows, requests_done, requests_total)` runs after each engine call; the
+    caller commits the rows there.
+    """
+    from vllm import SamplingParams, TokensPrompt
+
+    base = sampling_kwargs(sampling)
+    done = done or {}
+    keyed = [(request_key(r, base, model_identity), r) for r in requests]
+    rows: list[dict[str, Any]] = []
+    pending = []
+    reused = 0
+    for key, request in keyed:
+        if key in done:
+            rows.extend(done[key])
+            reused += 1
+        else:
+            pending.append((key, request))
+    finished = reused
+    if on_chunk is not None and reused:
+        on_chunk([], finished, len(keyed))
+    llm = llm_factory() if pending else None
+    for chunk in chunks(pending, chunk_size):
+        prompts = [TokensPrompt(prompt_token_ids=r.prompt_token_ids + r.prefix_token_ids) for _, r in chunk]
+        params = [SamplingParams(**{**base, "max_tokens": r.max_tokens - len(r.prefix_token_ids), "n": r.n})
+                  for _, r in chunk]
+        started = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - started
+        new_rows = [row for (key, request), output in zip(chunk, outputs)
+                    for row in output_rows(request, output, key, seconds)]
+        rows.extend(new_rows)
+        finished += len(chunk)
+        if on_chunk is not None:
+            on_chunk(new_rows, finished, len(keyed))
+    return rows, reused

@@ -1,0 +1,205 @@
+"""Loading the input table into items with stable ids.
+
+Rules, per case (errors are data, see the README's "Nothing lost"):
+- a file that cannot be read as a table at all (missing, a directory, empty, not UTF-8,
+  a CSV whose rows do not line up) raises DataError naming the file and the line;
+- a JSONL line that is not a JSON object becomes a rejected item (`invalid_json`), the
+  rest of the file is used;
+- a row with no id, or an id (or, without an id column, a content) seen on an earlier
+  row, becomes a rejected item (`missing_id`, `duplicate_id`, `duplicate_item`).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from batchgen.job import InputSpec
+
+SUFFIX_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+RESERVED_COLUMNS = ("item_id", "row_number")
+
+
+class DataError(ValueError):
+    """Input data that cannot be read. The message names the file and, where known, the row and field."""
+
+
+@dataclass
+class Rejection:
+    """One input item that will not be generated, and why."""
+
+    item_id: str
+    row_number: int | None
+    stage: str
+    reasons: list[str]
+    detail: str = ""
+    input: dict[str, Any] | None = None
+
+
+@dataclass
+class LoadedItems:
+    items: pd.DataFrame  # item_id, row_number, then the input columns
+    rejected: list[Rejection] = field(default_factory=list)
+    columns: list[str] = field(default_factory=list)
+
+
+def detect_format(spec: InputSpec) -> str:
+    if spec.format:
+        return spec.format
+    suffix = Path(spec.path).suffix.lower()
+    if suffix not in SUFFIX_FORMATS:
+        raise DataError(
+            f"{spec.path}: cannot tell the format from the suffix {suffix or '(none)'!r}; "
+            f"set input.format to one of csv, jsonl, parquet"
+        )
+    return SUFFIX_FORMATS[suffix]
+
+
+def content_id(row: dict[str, Any]) -> str:
+    """A stable id from the row's values: same content, same id, on every machine."""
+    canonical = json.dumps(row, sort_keys=True, ensure_ascii=False, default=str)
+    return "h" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:15]
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise DataError(f"{path}: input file not found")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory; input.path must name a file")
+    if path.stat().st_size == 0:
+        raise DataError(f"{path}: input file is empty")
+
+
+def _read_text(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")  # a byte-order mark is accepted and dropped
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DataError(f"{path}: line {line}: not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
+
+
+def _read_csv(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Rejection]]:
+    text = _read_text(path)
+    reader = csv.reader(text.splitlines(keepends=True), strict=True)
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise DataError(f"{path}: input file is empty") from None
+    except csv.Error as exc:
+        raise DataError(f"{path}: line 1: {exc}") from None
+    header = [name.strip() for name in header]
+    if len(set(header)) != len(header) or any(not name for name in header):
+        raise DataError(f"{path}: line 1: column names must be unique and non-empty, got {header}")
+    rows, numbers = [], []
+    try:
+        for values in reader:
+            if not values or (len(values) == 1 and not values[0].strip()):
+                continue
+            if len(values) != len(header):
+                raise DataError(
+                    f"{path}: line {reader.line_num}: expected {len(header)} fields ({', '.join(header)}), "
+                    f"found {len(values)}"
+                )
+            rows.append({name: (value if value != "" else None) for name, value in zip(header, values)})
+            numbers.append(reader.line_num)
+    except csv.Error as exc:
+        raise DataError(f"{path}: line {reader.line_num}: {exc}") from None
+    if not header:
+        raise DataError(f"{path}: no columns")
+    return rows, numbers, []
+
+
+def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Rejection]]:
+    text = _read_text(path)
+    rows, numbers, rejected = [], [], []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            rejected.append(Rejection(f"line-{number}", number, "load", ["invalid_json"], f"line {number}: {exc.msg}"))
+            continue
+        if not isinstance(value, dict):
+            rejected.append(
+                Rejection(f"line-{number}", number, "load", ["invalid_json"],
+                          f"line {number}: expected a JSON object, got {type(value).__name__}")
+            )
+            continue
+        rows.append(value)
+        numbers.append(number)
+    if not rows and not rejected:
+        raise DataError(f"{path}: input file has no rows")
+    return rows, numbers, rejected
+
+
+def _read_parquet(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Rejection]]:
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"{path}: not a readable Parquet file: {exc}") from None
+    rows = table.to_pylist()
+    return rows, list(range(1, len(rows) + 1)), []
+
+
+READERS = {"csv": _read_csv, "jsonl": _read_jsonl, "parquet": _read_parquet}
+
+
+def load_items(spec: InputSpec) -> LoadedItems:
+    """Read the input file and give every row a stable item id; unusable rows become rejections."""
+    path = Path(spec.path)
+    _check_file(path)
+    rows, numbers, rejected = READERS[detect_format(spec)](path)
+    if spec.limit is not None and len(rows) > spec.limit:
+        cutoff = numbers[spec.limit]  # the first line past the limit
+        rows, numbers = rows[: spec.limit], numbers[: spec.limit]
+        rejected = [r for r in rejected if r.row_number is not None and r.row_number < cutoff]
+
+    columns: list[str] = []
+    for row in rows:
+        for name in row:
+            if name not in columns:
+                columns.append(name)
+    clash = [name for name in RESERVED_COLUMNS if name in columns and name != spec.id_column]
+    if clash:
+        raise DataError(f"{path}: column name {clash[0]!r} is reserved by batchgen; rename it or set input.id_column")
+    if spec.id_column and rows and spec.id_column not in columns:
+        raise DataError(f"{path}: input.id_column {spec.id_column!r} is not a column (columns: {', '.join(columns)})")
+
+    seen: dict[str, int] = {}
+    kept_ids, kept_rows, kept_numbers = [], [], []
+    for row, number in zip(rows, numbers):
+        full = {name: row.get(name) for name in columns}
+        if spec.id_column:
+            raw_id = full.get(spec.id_column)
+            if raw_id is None or (isinstance(raw_id, str) and not raw_id.strip()):
+                rejected.append(Rejection(f"row-{number}", number, "load", ["missing_id"],
+                                          f"row {number}: {spec.id_column} is empty", full))
+                continue
+            item_id, duplicate_reason = str(raw_id).strip(), "duplicate_id"
+        else:
+            item_id, duplicate_reason = content_id(full), "duplicate_item"
+        if item_id in seen:
+            rejected.append(Rejection(
+                f"{item_id}@row-{number}", number, "load", [duplicate_reason],
+                f"row {number}: same {'id' if spec.id_column else 'content'} as row {seen[item_id]}", full,
+            ))
+            continue
+        seen[item_id] = number
+        kept_ids.append(item_id)
+        kept_rows.append(full)
+        kept_numbers.append(number)
+
+    items = pd.DataFrame(kept_rows, columns=columns)
+    items.insert(0, "row_number", pd.Series(kept_numbers, dtype="int64"))
+    items.insert(0, "item_id", pd.Series(kept_ids, dtype="string"))
+    return LoadedItems(items=items, rejected=rejected, columns=columns)

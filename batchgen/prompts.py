@@ -1,0 +1,154 @@
+"""Prompt construction: sandboxed templates, the model's chat template, token counts.
+
+Prompts are tokenized here, once, so that every length check happens before the engine
+sees a prompt (vLLM fails a whole `generate` call when one prompt is too long) and the
+engine is handed token ids, not text to tokenize again.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import jinja2
+import pandas as pd
+from jinja2 import meta
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from batchgen.items import Rejection
+from batchgen.job import JobError, PromptSpec
+
+_ENV = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
+
+
+class Tokenizer(Protocol):
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> Any: ...
+    def __call__(self, text: list[str], **kwargs: Any) -> Any: ...
+
+
+@dataclass
+class BuiltPrompts:
+    prompts: pd.DataFrame  # item_id, prompt, prompt_token_ids, n_prompt_tokens
+    rejected: list[Rejection] = field(default_factory=list)
+
+
+@functools.lru_cache(maxsize=32)
+def compile_template(source: str, where: str) -> jinja2.Template:
+    try:
+        return _ENV.from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise JobError(f"{where}: template syntax error on line {exc.lineno}: {exc.message}") from None
+
+
+def template_fields(spec: PromptSpec) -> list[str]:
+    """Columns the templates read, in order of first use."""
+    names: list[str] = []
+    for where, source in (("prompt.system", spec.system), ("prompt.template", spec.template)):
+        if source is None:
+            continue
+        try:
+            parsed = _ENV.parse(source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise JobError(f"{where}: template syntax error on line {exc.lineno}: {exc.message}") from None
+        for name in sorted(meta.find_undeclared_variables(parsed)):
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def check_template_columns(spec: PromptSpec, columns: list[str]) -> list[str]:
+    """Fail before the engine loads when a template names a column the input lacks."""
+    fields = template_fields(spec)
+    missing = [name for name in fields if name not in columns]
+    if missing:
+        raise JobError(
+            f"prompt: the template uses column {missing[0]!r}, which the input does not have "
+            f"(columns: {', '.join(columns) or 'none'})"
+        )
+    return fields
+
+
+def _is_blank(value: Any) -> bool:
+    if value is None:
+        return True
+    try:
+        if pd.isna(value):
+            return True
+    except (TypeError, ValueError):
+        pass  # lists and dicts are not blank
+    return isinstance(value, str) and not value.strip()
+
+
+def render_messages(spec: PromptSpec, row: dict[str, Any]) -> list[dict[str, str]] | str:
+    """The rendered prompt of one row: chat messages, or completion text."""
+    user = _render(spec.template, row, "prompt.template")
+    if spec.style == "completion":
+        return user
+    messages = []
+    if spec.system is not None:
+        messages.append({"role": "system", "content": _render(spec.system, row, "prompt.system")})
+    messages.append({"role": "user", "content": user})
+    return messages
+
+
+def _render(source: str, row: dict[str, Any], where: str) -> str:
+    template = compile_template(source, where)
+    try:
+        return template.render(**row)
+    except jinja2.exceptions.SecurityError as exc:
+        raise JobError(f"{where}: the template tried something the sandbox forbids: {exc}") from None
+
+
+def build_prompts(
+    items: pd.DataFrame, spec: PromptSpec, tokenizer: Tokenizer, max_model_len: int, columns: list[str]
+) -> BuiltPrompts:
+    """Render, template and tokenize every item's prompt; reject the rows that cannot be prompted."""
+    fields = check_template_columns(spec, columns)
+    rejected: list[Rejection] = []
+    ids, texts, numbers, inputs = [], [], [], []
+    for row in items.to_dict(orient="records"):
+        values = {name: row[name] for name in columns}
+        blank = [name for name in fields if _is_blank(values.get(name))]
+        if blank:
+            rejected.append(Rejection(row["item_id"], row["row_number"], "prompt", ["missing_field"],
+                                      f"row {row['row_number']}: {', '.join(blank)} is empty", values))
+            continue
+        try:
+            rendered = render_messages(spec, values)
+        except jinja2.TemplateError as exc:
+            rejected.append(Rejection(row["item_id"], row["row_number"], "prompt", ["template_error"],
+                                      f"row {row['row_number']}: {exc}", values))
+            continue
+        user_text = rendered if isinstance(rendered, str) else rendered[-1]["content"]
+        if not user_text.strip():
+            rejected.append(Rejection(row["item_id"], row["row_number"], "prompt", ["empty_prompt"],
+                                      f"row {row['row_number']}: the prompt renders to nothing", values))
+            continue
+        if isinstance(rendered, str):
+            text = rendered
+        else:
+            text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True)
+        ids.append(row["item_id"])
+        texts.append(text)
+        numbers.append(row["row_number"])
+        inputs.append(values)
+
+    # The chat template already holds the special tokens; raw completion text gets the
+    # tokenizer's own (BOS), exactly as vLLM would add them.
+    token_ids = tokenizer(texts, add_special_tokens=spec.style == "completion")["input_ids"] if texts else []
+    keep = []
+    for i, tokens in enumerate(token_ids):
+        if len(tokens) >= max_model_len:
+            rejected.append(Rejection(ids[i], numbers[i], "prompt", ["prompt_too_long"],
+                                      f"row {numbers[i]}: prompt has {len(tokens)} tokens; "
+                                      f"the model allows {max_model_len} in all", inputs[i]))
+        else:
+            keep.append(i)
+    prompts = pd.DataFrame({
+        "item_id": pd.Series([ids[i] for i in keep], dtype="string"),
+        "prompt": [texts[i] for i in keep],
+        "prompt_token_ids": [list(token_ids[i]) for i in keep],
+        "n_prompt_tokens": pd.Series([len(token_ids[i]) for i in keep], dtype="int64"),
+    })
+    return BuiltPrompts(prompts=prompts, rejected=rejected)

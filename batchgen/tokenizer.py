@@ -1,0 +1,21 @@
+"""The model's tokenizer and context length, without starting the engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchgen.job import EngineSpec
+from batchgen.models import ModelRef, model_max_len, resolve_model
+
+
+def load_tokenizer(spec: EngineSpec) -> tuple[ModelRef, Any, int]:
+    """The model reference, its tokenizer, and the context length the engine will use."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    model = resolve_model(spec.model)
+    tokenizer = AutoTokenizer.from_pretrained(model.path)
+    max_len = spec.max_model_len or model_max_len(model.path)
+    if max_len is None:
+        config = AutoConfig.from_pretrained(model.path)
+        max_len = getattr(config, "max_position_embeddings", None) or 2048
+    return model, tokenizer, int(max_len)

@@ -1,0 +1,58 @@
+"""Publish the dataset and the run's summary."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+
+from batchgen.assemble import assemble
+from batchgen.items import LoadedItems
+from batchgen.job import JobSpec
+from batchgen.manifest import build_manifest
+from batchgen.publish import publish
+from batchgen.retry import latest_attempts
+from batchgen.summary import summary_markdown
+from tasks.prompts import PromptStep
+
+
+@task(name="publish", cache_policy=NO_CACHE)
+def publish_task(
+    job: JobSpec,
+    loaded: LoadedItems,
+    prompts: PromptStep,
+    attempts: pd.DataFrame,
+    validation: list[dict[str, Any]],
+    engine_args: dict[str, Any],
+    reused: int,
+    fresh_output_tokens: int,
+    timings: dict[str, float],
+    started_at: datetime,
+) -> dict[str, Any]:
+    """Write accepted, rejected, every attempt, the GX results and the manifest (last)."""
+    final = latest_attempts(attempts)
+    result = assemble(loaded.items, loaded.columns, loaded.rejected + prompts.built.rejected, final)
+    manifest = build_manifest(
+        job, {"name": prompts.model.name, "path": prompts.model.path}, engine_args, result.accepted,
+        result.rejected, attempts, reused, fresh_output_tokens, timings, started_at, flow_run.get_id(),
+    )
+    written = publish(Path(job.output.dir), result.accepted, result.rejected, attempts, validation, manifest,
+                      job.output.jsonl)
+    create_markdown_artifact(markdown=summary_markdown(written), key=_artifact_key(job.name),
+                             description=f"{job.name}: run summary")
+    counts = written["counts"]
+    print(f"publish: {counts['accepted']} accepted, {counts['rejected']} rejected of {counts['items']} items "
+          f"-> {job.output.dir}")
+    return written
+
+
+def _artifact_key(name: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes."""
+    key = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+    return f"{key or 'batch'}-summary"

@@ -1,0 +1,22 @@
+"""Pick the outputs cut off by max_tokens for another pass."""
+
+from __future__ import annotations
+
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from batchgen.generation import GenRequest
+from batchgen.job import JobSpec
+from batchgen.retry import latest_attempts, plan_retries
+
+
+@task(name="plan-retry", cache_policy=NO_CACHE)
+def plan_retry_task(job: JobSpec, attempts: pd.DataFrame, max_model_len: int, pass_number: int) -> list[GenRequest]:
+    """Requests for the candidates whose latest attempt ended with finish_reason 'length'."""
+    latest = latest_attempts(attempts)
+    cut = int((latest["finish_reason"] == "length").sum()) if len(latest) else 0
+    requests = plan_retries(latest, job.retry, max_model_len)
+    print(f"retry pass {pass_number}: {cut} outputs cut off by max_tokens, {len(requests)} can grow "
+          f"({job.retry.strategy}, budgets up to {max((r.max_tokens for r in requests), default=0)})")
+    return requests

@@ -1,0 +1,53 @@
+"""Validate outputs with the job's Great Expectations suite."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+from prefect import task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from batchgen.job import JobSpec
+from expectations.validate import ROW_KEY, prepare_frame, validate_rows
+
+
+@dataclass
+class Validated:
+    rows: pd.DataFrame  # the input rows with passed and failed
+    result: dict[str, Any]
+
+
+def expectation_table(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One line per expectation: what it checks and how many rows failed it."""
+    table = []
+    for outcome in result.get("results", []):
+        config = outcome["expectation_config"]
+        res = outcome.get("result", {})
+        table.append({
+            "expectation": config.get("meta", {}).get("batchgen_id", config["type"]),
+            "description": config.get("description") or config["type"],
+            "rows": res.get("element_count"),
+            "failed": res.get("unexpected_count"),
+            "success": outcome["success"],
+        })
+    return table
+
+
+@task(name="validate", cache_policy=NO_CACHE)
+def validate_task(job: JobSpec, rows: pd.DataFrame, keywords: pd.Series | None, label: str) -> Validated:
+    """Run the GX suite; every row gets passed/failed and the expectations it failed."""
+    validation = validate_rows(rows, job.expectations, keywords, suite_name=f"{job.name}-outputs")
+    keys = prepare_frame(rows, keywords)[ROW_KEY] if len(rows) else pd.Series(dtype=str)
+    verdicts = validation.verdicts.set_index(ROW_KEY)
+    out = rows.reset_index(drop=True).copy()
+    out["passed"] = [bool(verdicts.at[k, "passed"]) for k in keys]
+    out["failed"] = [list(verdicts.at[k, "failed"]) for k in keys]
+    summary = expectation_table(validation.result)
+    if summary:
+        create_table_artifact(table=summary, description=f"{job.name}: expectations, {label}")
+    print(f"validate [{label}]: {int(out['passed'].sum())}/{len(out)} outputs pass every expectation; "
+          + ", ".join(f"{s['expectation']} failed {s['failed']}" for s in summary))
+    return Validated(rows=out, result=validation.result)
