@@ -22,6 +22,7 @@ CPU_MEMORY_SHARE = 0.3
 
 _LOCK = threading.Lock()
 _ENGINES: dict[tuple, Engine] = {}
+LOADS = 0  # engines built by this process: one per engine spec, however many passes and runs
 
 
 @dataclass
@@ -92,6 +93,8 @@ def get_engine(spec: EngineSpec) -> Engine:
         args = engine_args(spec, model, on_cpu())
         log.info("loading %s with %s", model.name, {k: v for k, v in args.items() if k not in ("model", "tokenizer")})
         started = time.perf_counter()
+        global LOADS
+        LOADS += 1
         llm = LLM(**args)
         max_len = llm.llm_engine.model_config.max_model_len
         engine = Engine(llm=llm, model=model, args=args, max_model_len=max_len,

@@ -49,6 +49,7 @@ def build_manifest(
     timings: dict[str, float],
     started_at: datetime,
     flow_run_id: str | None,
+    flow_name: str | None = None,
 ) -> dict[str, Any]:
     first_cut, final_cut = truncation_counts(attempts)
     items = len(accepted) + len(rejected)
@@ -59,6 +60,7 @@ def build_manifest(
     return {
         "job": job.name,
         "job_fingerprint": job.fingerprint(),
+        "flow_name": flow_name,
         "flow_run_id": flow_run_id,
         "started_at": started_at.isoformat(),
         "finished_at": datetime.now(timezone.utc).isoformat(),

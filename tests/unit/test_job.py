@@ -1,0 +1,200 @@
+"""The job file: load_job, its error messages, overrides and the fingerprint."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from batchgen.job import JobError, JobSpec, load_job, parse_overrides
+
+BASE: dict[str, Any] = {
+    "name": "products",
+    "input": {"path": "data/products.csv", "id_column": "product_id"},
+    "prompt": {"style": "chat", "system": "You write copy.", "template": "Describe {{ name }} for {{ audience }}."},
+    "engine": {"seed": 7, "max_model_len": 2048},
+    "sampling": {"temperature": 0.7, "top_p": 0.9, "max_tokens": 80, "stop": "\n\n", "n": 2},
+    "expectations": {"min_chars": 10, "max_chars": 400, "keyword_column": "name",
+                     "must_not_match": ["https?://"]},
+    "retry": {"max_passes": 2, "strategy": "continue", "growth_factor": 2, "max_tokens_cap": 320},
+    "output": {"dir": "../out/products", "jsonl": True},
+}
+
+
+def write_job(folder: Path, data: Any, name: str = "job.yaml") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def job_with(**changes: dict[str, Any]) -> dict[str, Any]:
+    """BASE with some sections updated (a value of None removes the key)."""
+    data = copy.deepcopy(BASE)
+    for section, values in changes.items():
+        for key, value in values.items():
+            if value is None:
+                data[section].pop(key, None)
+            else:
+                data[section][key] = value
+    return data
+
+
+def test_valid_job_loads_with_its_values(tmp_path):
+    job = load_job(write_job(tmp_path / "jobs", BASE))
+
+    assert isinstance(job, JobSpec)
+    assert job.name == "products"
+    assert job.input.id_column == "product_id"
+    assert job.prompt.style == "chat"
+    assert job.prompt.system == "You write copy."
+    assert job.engine.seed == 7 and job.engine.max_model_len == 2048
+    assert job.sampling.max_tokens == 80 and job.sampling.n == 2 and job.sampling.temperature == 0.7
+    assert job.sampling.stop == ["\n\n"]  # one stop string becomes a list
+    assert job.expectations.must_not_match == ["https?://"]
+    assert job.retry.strategy == "continue" and job.retry.max_tokens_cap == 320
+    assert job.output.jsonl is True
+    # defaults of the sections the file does not set
+    assert job.expectations.require_stop is True
+    assert job.chunk_size == 512
+
+
+def test_relative_paths_resolve_against_the_job_file_folder(tmp_path, monkeypatch):
+    job_dir = tmp_path / "project" / "jobs"
+    path = write_job(job_dir, BASE)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the working directory must not matter
+
+    job = load_job(path)
+
+    assert Path(job.input.path) == (job_dir / "data" / "products.csv").resolve()
+    assert Path(job.output.dir) == (tmp_path / "project" / "out" / "products").resolve()
+
+
+def test_absolute_paths_are_kept(tmp_path):
+    data = job_with(input={"path": str(tmp_path / "in.jsonl")}, output={"dir": str(tmp_path / "out")})
+    job = load_job(write_job(tmp_path / "jobs", data))
+    assert job.input.path == str(tmp_path / "in.jsonl")
+    assert job.output.dir == str(tmp_path / "out")
+
+
+BAD_JOBS = [
+    pytest.param(job_with(sampling={"max_tokn": 64}), ["sampling.max_tokn", "unknown field"], id="unknown-field"),
+    pytest.param(job_with(prompt={"template": None}), ["prompt.template", "required field is missing"],
+                 id="missing-template"),
+    pytest.param(job_with(sampling={"max_tokens": 0}), ["sampling.max_tokens", "greater than or equal to 1"],
+                 id="max-tokens-0"),
+    pytest.param(job_with(expectations={"min_chars": 50, "max_chars": 10}),
+                 ["expectations", "min_chars (50)", "max_chars (10)"], id="min-above-max"),
+    pytest.param(job_with(expectations={"must_match": ["(unclosed"]}),
+                 ["expectations.must_match", "'(unclosed' is not a valid regex"], id="bad-regex"),
+    pytest.param(job_with(sampling={"seed": 1}), ["sampling", "engine.seed"], id="sampling-seed"),
+    pytest.param(job_with(sampling={"best_of": 3}), ["sampling", "best_of", "set n"], id="best-of"),
+    pytest.param(job_with(prompt={"style": "completion"}), ["prompt", "system message needs style 'chat'"],
+                 id="system-with-completion"),
+]
+
+
+@pytest.mark.parametrize(("data", "expected"), BAD_JOBS)
+def test_bad_job_raises_job_error_naming_the_field(tmp_path, data, expected):
+    path = write_job(tmp_path, data)
+    with pytest.raises(JobError) as info:
+        load_job(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: the job is not valid")
+    for fragment in expected:
+        assert fragment in message
+
+
+def test_min_tokens_above_max_tokens_is_rejected_before_the_engine_starts(tmp_path):
+    # vLLM's SamplingParams refuses min_tokens > max_tokens; the job must say so up front,
+    # not after the engine has loaded.
+    path = write_job(tmp_path, job_with(sampling={"max_tokens": 16, "min_tokens": 32}))
+    with pytest.raises(JobError, match=r"sampling.*min_tokens"):
+        load_job(path)
+
+
+def test_invalid_yaml_names_the_file(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("input: [data.csv\n  prompt: {template: x}\n", encoding="utf-8")
+    with pytest.raises(JobError, match=r"job\.yaml: not valid YAML"):
+        load_job(path)
+
+
+def test_missing_job_file(tmp_path):
+    with pytest.raises(JobError, match=r"nope\.yaml: no such job file"):
+        load_job(tmp_path / "nope.yaml")
+
+
+def test_directory_is_not_a_job_file(tmp_path):
+    with pytest.raises(JobError, match=r": is not a file"):
+        load_job(tmp_path)
+
+
+def test_job_that_is_not_a_mapping(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("- input\n- prompt\n", encoding="utf-8")
+    with pytest.raises(JobError, match="must be a mapping"):
+        load_job(path)
+
+
+def test_overrides_apply_on_top_of_the_file(tmp_path):
+    path = write_job(tmp_path, BASE)
+    job = load_job(path, overrides=parse_overrides(["sampling.max_tokens=64", "input.limit=5"]))
+    assert job.sampling.max_tokens == 64
+    assert job.input.limit == 5
+    assert job.sampling.temperature == 0.7  # the rest of the section stays
+
+
+@pytest.mark.parametrize(("pairs", "expected"), [
+    (["sampling.max_tokens=64"], {"sampling": {"max_tokens": 64}}),
+    (["sampling.temperature=0.5", "sampling.n=2"], {"sampling": {"temperature": 0.5, "n": 2}}),
+    (["output.jsonl=true", "name=my job"], {"output": {"jsonl": True}, "name": "my job"}),
+    (["sampling.stop=[END, '###']"], {"sampling": {"stop": ["END", "###"]}}),
+    (["input.limit="], {"input": {"limit": None}}),
+])
+def test_parse_overrides(pairs, expected):
+    assert parse_overrides(pairs) == expected
+
+
+@pytest.mark.parametrize("pair", ["foo", "=3", " =x"])
+def test_parse_overrides_rejects_a_bad_pair(pair):
+    with pytest.raises(JobError, match=r"expected key=value"):
+        parse_overrides([pair])
+
+
+def test_parse_overrides_rejects_a_key_set_as_value_and_section():
+    with pytest.raises(JobError, match="set twice"):
+        parse_overrides(["sampling=1", "sampling.n=2"])
+
+
+def _fingerprint(tmp_path: Path, data: dict[str, Any]) -> str:
+    return load_job(write_job(tmp_path, data)).fingerprint()
+
+
+def test_fingerprint_is_stable(tmp_path):
+    assert _fingerprint(tmp_path, BASE) == _fingerprint(tmp_path, copy.deepcopy(BASE))
+
+
+@pytest.mark.parametrize("changes", [
+    {"sampling": {"temperature": 0.2}},
+    {"sampling": {"max_tokens": 81}},
+    {"prompt": {"template": "Describe {{ name }}."}},
+    {"engine": {"seed": 8}},
+    {"expectations": {"min_chars": 11}},
+])
+def test_fingerprint_changes_with_what_shapes_the_outputs(tmp_path, changes):
+    assert _fingerprint(tmp_path, job_with(**changes)) != _fingerprint(tmp_path, BASE)
+
+
+@pytest.mark.parametrize("data", [
+    job_with(output={"dir": "/somewhere/else"}),
+    job_with(output={"jsonl": False}),
+    {**copy.deepcopy(BASE), "name": "renamed"},
+], ids=["output-dir", "output-jsonl", "name"])
+def test_fingerprint_ignores_where_outputs_go(tmp_path, data):
+    assert _fingerprint(tmp_path, data) == _fingerprint(tmp_path, BASE)
