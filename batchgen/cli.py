@@ -68,8 +68,13 @@ def run(
     """Run a job: the batch-generation Prefect flow, end to end."""
     _quiet_libraries(verbose)
     spec = _load(job, limit, set_)
-    from batchgen.items import DataError
+    from batchgen.items import DataError, check_input
     from batchgen.job import JobError
+
+    try:
+        check_input(spec.input)  # before a Prefect server and an engine are started for nothing
+    except DataError as exc:
+        _fail(EXIT_BAD_DATA, str(exc))
     from flows.batch_generation import batch_generation
 
     try:

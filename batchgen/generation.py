@@ -110,6 +110,13 @@ def output_rows(request: GenRequest, output: Any, key: str, seconds: float) -> l
     return rows
 
 
+def engine_budget(base: dict[str, Any], request: GenRequest) -> dict[str, Any]:
+    """SamplingParams for one request: a continuation asks only for what the prefix has not used."""
+    done = len(request.prefix_token_ids)
+    return {**base, "max_tokens": request.max_tokens - done, "n": request.n,
+            "min_tokens": max(0, base.get("min_tokens", 0) - done)}
+
+
 def chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
@@ -150,8 +157,7 @@ def run_requests(
     llm = llm_factory() if pending else None
     for chunk in chunks(pending, chunk_size):
         prompts = [TokensPrompt(prompt_token_ids=r.prompt_token_ids + r.prefix_token_ids) for _, r in chunk]
-        params = [SamplingParams(**{**base, "max_tokens": r.max_tokens - len(r.prefix_token_ids), "n": r.n})
-                  for _, r in chunk]
+        params = [SamplingParams(**engine_budget(base, r)) for _, r in chunk]
         started = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - started

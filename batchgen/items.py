@@ -12,6 +12,7 @@ Rules, per case (errors are data, see the README's "Nothing lost"):
 from __future__ import annotations
 
 import csv
+import io
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -69,6 +70,12 @@ def content_id(row: dict[str, Any]) -> str:
     return "h" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:15]
 
 
+def check_input(spec: InputSpec) -> None:
+    """Cheap checks that need no reading: the file exists, is a file, is not empty, has a known format."""
+    _check_file(Path(spec.path))
+    detect_format(spec)
+
+
 def _check_file(path: Path) -> None:
     if not path.exists():
         raise DataError(f"{path}: input file not found")
@@ -89,7 +96,8 @@ def _read_text(path: Path) -> str:
 
 def _read_csv(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Rejection]]:
     text = _read_text(path)
-    reader = csv.reader(text.splitlines(keepends=True), strict=True)
+    # newline="": rows end only at \n, \r\n or \r (outside quotes), never at U+2028 and kin.
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
         header = next(reader)
     except StopIteration:
@@ -121,7 +129,8 @@ def _read_csv(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Rejecti
 def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Rejection]]:
     text = _read_text(path)
     rows, numbers, rejected = [], [], []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # split on \n only: JSON strings may hold U+2028 and other characters splitlines() breaks on
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -199,7 +208,8 @@ def load_items(spec: InputSpec) -> LoadedItems:
         kept_rows.append(full)
         kept_numbers.append(number)
 
-    items = pd.DataFrame(kept_rows, columns=columns)
+    # object dtype: an empty cell stays None (pandas would make text columns NaN-filled strings)
+    items = pd.DataFrame(kept_rows, columns=columns, dtype=object)
     items.insert(0, "row_number", pd.Series(kept_numbers, dtype="int64"))
     items.insert(0, "item_id", pd.Series(kept_ids, dtype="string"))
     return LoadedItems(items=items, rejected=rejected, columns=columns)

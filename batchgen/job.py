@@ -109,6 +109,12 @@ class SamplingSpec(_Section):
                 raise ValueError("vLLM V1 has no best_of: set n to the number of candidates instead")
         return data
 
+    @model_validator(mode="after")
+    def _min_within_max(self) -> SamplingSpec:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) is larger than max_tokens ({self.max_tokens})")
+        return self
+
     @field_validator("stop", mode="before")
     @classmethod
     def _one_stop(cls, value: Any) -> Any:

@@ -32,7 +32,7 @@ def prepare_frame(rows: pd.DataFrame, keywords: pd.Series | None) -> pd.DataFram
     if keywords is not None:
         wanted = rows["item_id"].map(keywords)
         frame["keyword_present"] = [
-            bool(k) and isinstance(k, str) and k.casefold() in t.casefold()
+            isinstance(k, str) and bool(k) and k.casefold() in t.casefold()
             for k, t in zip(wanted, rows["text"])
         ]
     return frame.reset_index(drop=True)

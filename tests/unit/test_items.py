@@ -207,6 +207,15 @@ def test_csv_quoted_cell_with_newline_is_one_row(tmp_path):
     assert list(loaded.items["row_number"]) == [3, 4]  # the line where each row ends
 
 
+def test_csv_with_windows_line_endings(tmp_path):
+    path = tmp_path / "items.csv"
+    path.write_bytes(b'product_id,name,feature\r\np1,Mug,"two\r\nlines"\r\np2,Boots,dry\r\n')
+    loaded = load_items(InputSpec(path=str(path), id_column="product_id"))
+    assert loaded.columns == HEADER
+    assert list(loaded.items["item_id"]) == ["p1", "p2"]
+    assert list(loaded.items["feature"]) == ["two\r\nlines", "dry"]
+
+
 def test_csv_with_utf8_bom_loads_with_a_clean_first_column(tmp_path):
     path = write_csv(tmp_path / "items.csv", HEADER, ROWS, bom=True)
     assert path.read_bytes().startswith(b"\xef\xbb\xbf")

@@ -1,0 +1,117 @@
+"""The command line as a user meets it: help, job errors, data errors, check, run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, product_job
+
+BATCHGEN = [sys.executable, "-m", "batchgen.cli"]
+
+
+def run_cli(args, tmp_path, timeout=600, module=None):
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    command = [sys.executable, "-m", module, *args] if module else [*BATCHGEN, *args]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def write_job(tmp_path: Path, job: dict) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["check"]])
+def test_help_documents_every_option(command, tmp_path):
+    result = run_cli([*command, "--help"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    if command:
+        assert "--limit" in result.stdout and "--set" in result.stdout
+    else:
+        assert "run" in result.stdout and "check" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"sampling": {"max_tokn": 5}}, "sampling.max_tokn"),
+        ({"sampling": {"max_tokens": 0}}, "sampling.max_tokens"),
+        ({"sampling": {"seed": 3}}, "engine.seed"),
+        ({"expectations": {"must_match": ["(unclosed"]}}, "expectations.must_match"),
+        ({"retry": {"strategy": "louder"}}, "retry.strategy"),
+    ],
+)
+def test_bad_job_exits_2_naming_the_field(change, field, tmp_path):
+    job = product_job(tmp_path, 3)
+    for section, values in change.items():
+        job[section] = {**job.get(section, {}), **values}
+    for command in ("run", "check"):
+        result = run_cli([command, str(write_job(tmp_path, job))], tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert field in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_template_with_an_unknown_column_fails_before_the_engine(tmp_path):
+    job = product_job(tmp_path, 3, prompt={"template": "Describe {{ title }}"})
+    result = run_cli(["run", str(write_job(tmp_path, job))], tmp_path)
+    assert result.returncode == 2
+    assert "'title'" in result.stderr and "product_id, name, feature, audience" in result.stderr
+    assert not (tmp_path / "out" / ".batchgen").exists()  # nothing was generated
+
+
+def test_unreadable_input_exits_3_naming_the_file_and_line(tmp_path):
+    job = product_job(tmp_path, 3)
+    (tmp_path / "products.csv").write_text("product_id,name,feature,audience\np1,A,b,c\np2,B,c\n")
+    result = run_cli(["check", str(write_job(tmp_path, job))], tmp_path)
+    assert result.returncode == 3
+    assert "products.csv: line 3: expected 4 fields" in result.stderr
+    job["input"]["path"] = str(tmp_path / "nope.csv")
+    result = run_cli(["run", str(write_job(tmp_path, job))], tmp_path)
+    assert result.returncode == 3 and "nope.csv: input file not found" in result.stderr, result.stderr[-3000:]
+
+
+def test_check_lists_exactly_the_rows_that_would_be_rejected(tmp_path):
+    job = product_job(tmp_path, 3)
+    (tmp_path / "products.csv").write_text(
+        "product_id,name,feature,audience\n"
+        "p1,Lamp,bright,students\n"
+        "p2,,quiet,parents\n"       # no name: the template needs it
+        "p1,Lamp again,bright,students\n"  # duplicate id
+        "p4,Kettle,fast,cooks\n",
+        encoding="utf-8",
+    )
+    result = run_cli(["check", str(write_job(tmp_path, job)), "--set", "sampling.max_tokens=50"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["items"] == 4 and report["would_generate"] == 2
+    assert sorted((r["row"], r["reasons"][0]) for r in report["would_reject"]) == [
+        (3, "missing_field"), (4, "duplicate_id")]
+    assert report["estimate"]["max_output_tokens_first_pass"] == 2 * 50
+    assert 0 < report["prompt_tokens"]["min"] <= report["prompt_tokens"]["max"] < report["prompt_tokens"]["model_limit"]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("way", ["batchgen run", "python -m flows.batch_generation"])
+def test_job_runs_from_the_command_line(way, tmp_path):
+    job = product_job(tmp_path, 6, retry={"max_passes": 1})
+    path = write_job(tmp_path, job)
+    if way == "batchgen run":
+        result = run_cli(["run", str(path), "--limit", "4", "--set", "sampling.max_tokens=24"], tmp_path)
+    else:
+        result = run_cli([str(path), "--limit", "4", "--set", "sampling.max_tokens=24"], tmp_path,
+                         module="flows.batch_generation")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert summary["counts"] == manifest["counts"]
+    assert manifest["counts"]["items"] == 4  # --limit
+    assert manifest["sampling"]["max_tokens"] == 24  # --set
+    assert manifest["flow_name"] == "batch-generation"

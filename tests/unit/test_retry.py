@@ -1,0 +1,140 @@
+"""Retry planning: which cut-off candidates go back to the engine, and with what budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from batchgen.job import RetrySpec
+from batchgen.retry import latest_attempts, next_budget, plan_retries
+
+
+def attempt(item_id: str, candidate: int = 0, attempt: int = 1, finish_reason: str = "length",
+            max_tokens: int = 16, n_prompt_tokens: int = 10, **extra: Any) -> dict[str, Any]:
+    n_out = extra.pop("n_out", max_tokens if finish_reason == "length" else 3)
+    row = {
+        "item_id": item_id, "candidate": candidate, "attempt": attempt, "finish_reason": finish_reason,
+        "max_tokens": max_tokens, "n_prompt_tokens": n_prompt_tokens,
+        "prompt": f"prompt of {item_id}", "prompt_token_ids": list(range(100, 100 + n_prompt_tokens)),
+        "text": f"{item_id}/{candidate} attempt {attempt}", "token_ids": list(range(1, n_out + 1)),
+        "cumulative_logprob": -0.5 * n_out,
+    }
+    row.update(extra)
+    return row
+
+
+def frame(*rows: dict[str, Any]) -> pd.DataFrame:
+    return pd.DataFrame(list(rows))
+
+
+def test_latest_attempts_picks_the_newest_attempt_per_item_and_candidate():
+    attempts = frame(
+        attempt("b", 0, 1), attempt("a", 0, 2, "stop"), attempt("a", 0, 1),
+        attempt("a", 1, 1, "stop"), attempt("b", 0, 3, "stop"), attempt("b", 0, 2),
+    )
+
+    latest = latest_attempts(attempts)
+
+    got = sorted(zip(latest["item_id"], latest["candidate"], latest["attempt"], latest["finish_reason"]))
+    assert got == [("a", 0, 2, "stop"), ("a", 1, 1, "stop"), ("b", 0, 3, "stop")]
+
+
+def test_latest_attempts_of_nothing_is_empty():
+    empty = pd.DataFrame(columns=["item_id", "candidate", "attempt"])
+    assert latest_attempts(empty).empty
+
+
+def test_only_outputs_cut_off_by_max_tokens_are_retried():
+    latest = frame(
+        attempt("cut", finish_reason="length"),
+        attempt("stopped", finish_reason="stop"),
+        attempt("aborted", finish_reason="abort"),
+        attempt("unknown", finish_reason="unknown"),
+    )
+
+    requests = plan_retries(latest, RetrySpec(), max_model_len=2048)
+
+    assert [r.item_id for r in requests] == ["cut"]
+
+
+@pytest.mark.parametrize(("max_tokens", "n_prompt", "cap", "max_len", "expected"), [
+    (16, 10, 1024, 2048, 32),     # doubles
+    (100, 10, 150, 2048, 150),    # capped by max_tokens_cap
+    (100, 1900, 1024, 2048, 148),  # capped by the room left in the context
+    (5, 10, 1024, 2048, 10),
+])
+def test_grow_doubles_the_budget_within_the_caps(max_tokens, n_prompt, cap, max_len, expected):
+    retry = RetrySpec(strategy="grow", growth_factor=2, max_tokens_cap=cap)
+    latest = frame(attempt("a", max_tokens=max_tokens, n_prompt_tokens=n_prompt))
+
+    [request] = plan_retries(latest, retry, max_model_len=max_len)
+
+    assert request.max_tokens == expected
+    assert request.strategy == "grow"
+    assert request.attempt == 2
+    assert request.candidate == 0 and request.n == 1
+    assert request.prompt == "prompt of a"
+    assert request.prompt_token_ids == list(range(100, 100 + n_prompt))
+    assert request.prefix_text == "" and request.prefix_token_ids == []  # grow starts over
+
+
+def test_growth_factor_rounds_up():
+    assert next_budget(15, RetrySpec(growth_factor=1.5), n_prompt_tokens=10, max_model_len=2048) == 23
+
+
+@pytest.mark.parametrize(("max_tokens", "n_prompt", "cap", "max_len"), [
+    (64, 10, 64, 2048),    # already at max_tokens_cap
+    (64, 1984, 1024, 2048),  # already fills the context
+    (80, 10, 64, 2048),    # the first pass was given more than the cap
+])
+def test_a_row_already_at_the_cap_is_not_retried(max_tokens, n_prompt, cap, max_len):
+    retry = RetrySpec(growth_factor=2, max_tokens_cap=cap)
+    latest = frame(attempt("at-cap", max_tokens=max_tokens, n_prompt_tokens=n_prompt), attempt("grows"))
+
+    requests = plan_retries(latest, retry, max_model_len=max_len)
+
+    assert [r.item_id for r in requests] == ["grows"]
+
+
+def test_retries_follow_the_latest_attempt_of_each_candidate():
+    retry = RetrySpec(growth_factor=2, max_tokens_cap=1024)
+    attempts = frame(
+        attempt("a", 0, 1, max_tokens=16), attempt("a", 0, 2, max_tokens=32),  # still cut off after one retry
+        attempt("a", 1, 1, max_tokens=16, finish_reason="stop"),
+        attempt("b", 0, 1, max_tokens=16), attempt("b", 0, 2, max_tokens=32, finish_reason="stop"),  # fixed
+    )
+
+    requests = plan_retries(latest_attempts(attempts), retry, max_model_len=2048)
+
+    assert [(r.item_id, r.candidate, r.attempt, r.max_tokens) for r in requests] == [("a", 0, 3, 64)]
+
+
+def test_continue_carries_the_prefix_and_the_total_budget():
+    retry = RetrySpec(strategy="continue", growth_factor=2, max_tokens_cap=1024)
+    latest = frame(attempt("a", candidate=1, attempt=1, max_tokens=16, text="The mug keeps coffee",
+                           token_ids=list(range(500, 516)), cumulative_logprob=-7.25))
+
+    [request] = plan_retries(latest, retry, max_model_len=2048)
+
+    assert request.strategy == "continue"
+    assert request.max_tokens == 32  # total budget, the prefix included
+    assert request.prefix_text == "The mug keeps coffee"
+    assert request.prefix_token_ids == list(range(500, 516))
+    assert request.prefix_logprob == -7.25
+    assert request.candidate == 1 and request.attempt == 2 and request.n == 1
+    assert request.prompt_token_ids == list(range(100, 110))
+
+
+@pytest.mark.parametrize("missing", [None, float("nan")])
+def test_continue_without_a_logprob_has_no_prefix_logprob(missing):
+    retry = RetrySpec(strategy="continue")
+    latest = frame(attempt("a", cumulative_logprob=missing))
+    [request] = plan_retries(latest, retry, max_model_len=2048)
+    assert request.prefix_logprob is None
+
+
+def test_nothing_cut_off_plans_nothing():
+    latest = frame(attempt("a", finish_reason="stop"), attempt("b", finish_reason="stop"))
+    assert plan_retries(latest, RetrySpec(), max_model_len=2048) == []

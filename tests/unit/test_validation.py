@@ -1,0 +1,147 @@
+"""Validation with the real Great Expectations suite built from the job's expectations."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from batchgen.job import ExpectationsSpec
+from expectations.suite import build_suite
+from expectations.validate import validate_rows
+
+SPEC = ExpectationsSpec(
+    min_chars=20, max_chars=120, keyword_column="name",
+    must_match=[r"[.!。]$"],  # ends a sentence
+    must_not_match=[r"https?://", r"(?i)\bbuy now\b"],
+    require_stop=True,
+)
+
+# item_id -> (text, finish_reason, keyword, expected failures)
+CASES = {
+    "good": ("The Aurora Mug keeps coffee hot for hours.", "stop", "aurora mug", set()),
+    "too-short": ("Aurora Mug.", "stop", "Aurora Mug", {"length"}),
+    "too-long": ("The Aurora Mug " + "is lovely " * 12 + "indeed.", "stop", "Aurora Mug", {"length"}),
+    "no-keyword": ("A lovely mug that keeps coffee hot all day.", "stop", "Aurora Mug", {"keyword"}),
+    "no-period": ("The Aurora Mug keeps coffee hot for hours", "stop", "Aurora Mug", {"must_match"}),
+    "spam": ("The Aurora Mug, see https://spam.example now.", "stop", "Aurora Mug", {"must_not_match"}),
+    "spam-2": ("Buy now: the Aurora Mug keeps coffee hot!", "stop", "Aurora Mug", {"must_not_match"}),
+    "cut": ("The Aurora Mug keeps coffee hot for hours and", "length", "Aurora Mug", {"must_match", "truncated"}),
+    "all-bad": ("buy now", "length", "Aurora Mug",
+                {"length", "keyword", "must_match", "must_not_match", "truncated"}),
+    "中文": ("星辰保温杯，一键研磨，学生的好选择，保温一整天。", "stop", "星辰保温杯", set()),
+}
+
+
+@pytest.fixture(scope="module")
+def validation():
+    rows = pd.DataFrame({
+        "item_id": list(CASES),
+        "candidate": [0] * len(CASES),
+        "attempt": [1] * len(CASES),
+        "text": [c[0] for c in CASES.values()],
+        "finish_reason": [c[1] for c in CASES.values()],
+    })
+    keywords = pd.Series({item: c[2] for item, c in CASES.items()}, dtype="string")
+    return validate_rows(rows, SPEC, keywords, suite_name="unit-outputs")
+
+
+@pytest.mark.parametrize("item_id", list(CASES))
+def test_each_row_fails_exactly_its_expectations(validation, item_id):
+    verdicts = validation.verdicts.set_index("row_key")
+    key = f"{item_id}#0#1"
+    assert set(verdicts.at[key, "failed"]) == CASES[item_id][3]
+    assert len(verdicts.at[key, "failed"]) == len(CASES[item_id][3])  # no id listed twice
+    assert bool(verdicts.at[key, "passed"]) is (not CASES[item_id][3])
+
+
+def test_every_row_gets_one_verdict(validation):
+    assert sorted(validation.verdicts["row_key"]) == sorted(f"{i}#0#1" for i in CASES)
+
+
+def test_result_and_statistics_are_gx_results(validation):
+    assert validation.result["success"] is False
+    stats = validation.statistics
+    assert stats["evaluated_expectations"] == 6  # length, keyword, must_match, 2 x must_not_match, truncated
+    assert stats["successful_expectations"] == 0
+    ids = sorted(r["expectation_config"]["meta"]["batchgen_id"] for r in validation.result["results"])
+    assert ids == ["keyword", "length", "must_match", "must_not_match", "must_not_match", "truncated"]
+
+
+def test_candidates_and_attempts_of_one_item_are_judged_separately():
+    rows = pd.DataFrame({
+        "item_id": ["p1", "p1", "p1"],
+        "candidate": [0, 1, 0],
+        "attempt": [1, 1, 2],
+        "text": ["short", "A long enough output.", "Another long enough output."],
+        "finish_reason": ["length", "stop", "stop"],
+    })
+    spec = ExpectationsSpec(min_chars=10)
+
+    verdicts = validate_rows(rows, spec, None, "unit-candidates").verdicts.set_index("row_key")
+
+    assert set(verdicts.loc["p1#0#1", "failed"]) == {"length", "truncated"}
+    assert list(verdicts.loc["p1#1#1", "failed"]) == []
+    assert list(verdicts.loc["p1#0#2", "failed"]) == []
+
+
+def test_keyword_check_is_case_insensitive_and_per_item():
+    rows = pd.DataFrame({
+        "item_id": ["a", "b"], "candidate": [0, 0], "attempt": [1, 1],
+        "text": ["THE AURORA MUG, hot.", "The Aurora Mug, hot."], "finish_reason": ["stop", "stop"],
+    })
+    keywords = pd.Series(["aurora mug", "Trail Boots"], index=["a", "b"], dtype="string")
+    verdicts = validate_rows(rows, ExpectationsSpec(keyword_column="name", require_stop=False), keywords,
+                             "unit-keywords").verdicts.set_index("row_key")
+    assert list(verdicts.loc["a#0#1", "failed"]) == []
+    assert list(verdicts.loc["b#0#1", "failed"]) == ["keyword"]
+
+
+def test_missing_keyword_fails_the_keyword_check():
+    # The flow builds keywords with .astype("string"): an empty keyword cell is pd.NA.
+    rows = pd.DataFrame({
+        "item_id": ["a", "b"], "candidate": [0, 0], "attempt": [1, 1],
+        "text": ["The Aurora Mug, hot.", "Something."], "finish_reason": ["stop", "stop"],
+    })
+    keywords = pd.Series(["Aurora Mug", pd.NA], index=["a", "b"], dtype="string")
+
+    verdicts = validate_rows(rows, ExpectationsSpec(keyword_column="name"), keywords,
+                             "unit-missing-keyword").verdicts.set_index("row_key")
+
+    assert list(verdicts.loc["a#0#1", "failed"]) == []
+    assert list(verdicts.loc["b#0#1", "failed"]) == ["keyword"]
+
+
+def test_no_expectations_means_every_row_passes():
+    rows = pd.DataFrame({"item_id": ["a"], "candidate": [0], "attempt": [1], "text": [""],
+                         "finish_reason": ["length"]})
+    validation = validate_rows(rows, ExpectationsSpec(require_stop=False), None, "unit-empty")
+    assert validation.verdicts.to_dict(orient="list") == {"row_key": ["a#0#1"], "passed": [True], "failed": [[]]}
+
+
+# ---------------------------------------------------------------- the suite
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    (ExpectationsSpec(), ["truncated"]),
+    (ExpectationsSpec(require_stop=False), []),
+    (ExpectationsSpec(min_chars=5, require_stop=False), ["length"]),
+    (ExpectationsSpec(max_chars=50, require_stop=False), ["length"]),
+    (SPEC, ["length", "keyword", "must_match", "must_not_match", "must_not_match", "truncated"]),
+])
+def test_suite_has_one_expectation_per_configured_check(spec, expected):
+    suite = build_suite(spec, "unit-suite")
+    assert [e.meta["batchgen_id"] for e in suite.expectations] == expected
+
+
+def test_suite_expectations_carry_the_job_values():
+    suite = build_suite(SPEC, "unit-suite-values")
+    by_id: dict[str, list] = {}
+    for expectation in suite.expectations:
+        by_id.setdefault(expectation.meta["batchgen_id"], []).append(expectation)
+    [length] = by_id["length"]
+    assert (length.column, length.min_value, length.max_value) == ("text", 20, 120)
+    assert [e.regex for e in by_id["must_match"]] == [r"[.!。]$"]
+    assert [e.regex for e in by_id["must_not_match"]] == [r"https?://", r"(?i)\bbuy now\b"]
+    [truncated] = by_id["truncated"]
+    assert (truncated.column, list(truncated.value_set)) == ("finish_reason", ["stop"])
+    [keyword] = by_id["keyword"]
+    assert (keyword.column, list(keyword.value_set)) == ("keyword_present", [True])
