@@ -130,12 +130,14 @@ def run_requests(
     chunk_size: int,
     done: dict[str, list[dict[str, Any]]] | None = None,
     on_chunk: Callable[[list[dict[str, Any]], int, int], None] | None = None,
+    progress: Callable[[int, int], Any] | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """Generate every request not already in `done` (keyed by request_key); return all rows and the reuse count.
 
     The engine is asked for (`llm_factory()`) only when something is left to generate.
     `on_chunk(new_rows, requests_done, requests_total)` runs after each engine call; the
-    caller commits the rows there.
+    caller commits the rows there. `progress(done, total)` may return a tqdm class that
+    vLLM updates as each request of a chunk finishes (live progress inside a chunk).
     """
     from vllm import SamplingParams, TokensPrompt
 
@@ -159,7 +161,8 @@ def run_requests(
         prompts = [TokensPrompt(prompt_token_ids=r.prompt_token_ids + r.prefix_token_ids) for _, r in chunk]
         params = [SamplingParams(**engine_budget(base, r)) for _, r in chunk]
         started = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
+        bar = progress(finished, len(keyed)) if progress is not None else False
+        outputs = llm.generate(prompts, params, use_tqdm=bar)
         seconds = time.perf_counter() - started
         new_rows = [row for (key, request), output in zip(chunk, outputs)
                     for row in output_rows(request, output, key, seconds)]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,30 @@ class Generated:
     seconds: float  # the whole task, engine start included
     engine_seconds: float  # inside engine calls only
     engine_args: dict
+
+
+def live_progress(label: str, artifact_id, every: float = 2.0):
+    """A tqdm class for vLLM: a terminal bar (when there is a terminal) and the Prefect progress artifact."""
+    from tqdm import tqdm
+
+    def factory(done: int, total: int):
+        class Bar(tqdm):
+            def __init__(self, *args, **kwargs):
+                # Not disabled off a terminal (vLLM reads the bar's timings): it draws into the void.
+                kwargs.update(total=total, initial=done, desc=f"generate [{label}]", unit="req", leave=False,
+                              file=sys.stderr if sys.stderr.isatty() else open(os.devnull, "w"), mininterval=1.0)
+                super().__init__(*args, **kwargs)
+                self._sent = time.monotonic()
+
+            def update(self, n=1):  # vLLM passes the candidates of one finished request: count the request
+                super().update(1)
+                if time.monotonic() - self._sent >= every:
+                    self._sent = time.monotonic()
+                    update_progress_artifact(artifact_id, progress=100.0 * self.n / max(total, 1))
+
+        return Bar
+
+    return factory
 
 
 def store_for(job: JobSpec) -> ResultStore:
@@ -64,7 +90,8 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Gener
 
     try:
         rows, reused = run_requests(lambda: get_engine(job.engine).llm, requests, job.sampling, identity,
-                                    job.chunk_size, done=done, on_chunk=on_chunk)
+                                    job.chunk_size, done=done, on_chunk=on_chunk,
+                                    progress=live_progress(label, progress_id))
     except Exception:
         discard_engine(job.engine)  # the Prefect retry starts from a fresh engine
         raise
