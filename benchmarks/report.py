@@ -73,7 +73,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"{config['sampling']['temperature']}, top_p {config['sampling']['top_p']}, max_tokens "
         f"{config['sampling']['max_tokens']}, stop {config['sampling']['stop']!r}, retries off "
         f"(`retry.max_passes: 0`), chunk_size {config['chunk_size']}. Every method gets the same prompt token ids "
-        f"(checked against the flow's attempts: {'identical' if result.get('prompts_identical') else 'NOT identical'}). "
+        "(checked against the flow's attempts: "
+        f"{'identical' if result.get('prompts_identical') else 'NOT identical'}). "
         f"The vLLM engine was built once ({result['engine']['load_seconds']:.1f} s) and shared by (a), (b) and (c); "
         f"the HF model loaded in {result['hf_static']['load_seconds']:.1f} s in its own process. Load times are in "
         "no figure below.",
@@ -87,7 +88,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         over = entry["pipeline_overhead"]
         lines += [
             "",
-            f"Pipeline overhead: **{over['per_item_ms']:.1f} ms per item** (flow wall {over['flow_wall_seconds']:.1f} s "
+            f"Pipeline overhead: **{over['per_item_ms']:.1f} ms per item** "
+            f"(flow wall {over['flow_wall_seconds']:.1f} s "
             f"minus {over['engine_call_seconds']:.1f} s inside engine calls, over {over['items']:,} items). "
             f"Flow timings: load and prompts {over['load_and_prompts_seconds']:.1f} s, generate task "
             f"{over['generate_seconds']:.1f} s, validate and the rest before publish "
@@ -149,7 +151,10 @@ def render_markdown(result: dict[str, Any]) -> str:
         "- Peak RSS: the sum of resident memory over this process and all its children (vLLM's engine core and "
         "worker, and the temporary Prefect server of the run), sampled every "
         f"{result['memory_sampling_seconds']} s during the method; shared pages count once per process. "
-        "HF is the exact peak (`ru_maxrss`) of its own process, which holds nothing else.",
+        "HF is the exact peak (`ru_maxrss`) of its own process, which holds nothing else. vLLM reserves "
+        f"`gpu_memory_utilization` ({result['engine']['args'].get('gpu_memory_utilization')} on this CPU build) of "
+        "the machine's RAM for its KV cache when the engine starts, whatever the batch: most of the engine "
+        "processes' memory.",
     ]
     breakdown = sizes[max(sizes, key=int)]["methods"]["flow"].get("peak_rss_breakdown_mb")
     if breakdown:
@@ -165,8 +170,7 @@ def render_memory(memory: dict[str, Any]) -> list[str]:
         "",
         f"The flow with max_tokens {memory['max_tokens']}, retries off, one run per size in one process "
         "(smallest first). Peak RSS of the whole process tree and, separately, of the main process (which holds "
-        "the items, prompts, attempts and the published tables; the engine's memory does not depend on the item "
-        "count).",
+        "the items, prompts, attempts and the published tables) and of vLLM's engine processes.",
         "",
         "| items | wall (s) | peak RSS, all processes (MB) | peak RSS, main process (MB) | main before the run (MB) "
         "| engine processes (MB) |",
@@ -193,23 +197,27 @@ def render_chart(result: dict[str, Any], path: Path) -> None:
     keys = ["flow", "generation", "raw_vllm", "serial_loop", "hf_static"]
     colors = ["#4c72b0", "#8fb0d9", "#55a868", "#c44e52", "#dd8452"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    width = 0.8 / len(keys)
-    for i, key in enumerate(keys):
-        xs = [j + (i - (len(keys) - 1) / 2) * width for j in range(len(sizes))]
-        methods = [result["sizes"][s]["methods"].get(key) or {} for s in sizes]
-        tps = [m.get("output_tokens_per_second") or 0 for m in methods]
-        rss = [m.get("peak_rss_mb") or 0 for m in methods]
-        hatch = "//" if any(m.get("subset") for m in methods) else None
-        left.bar(xs, tps, width, label=SHORT_LABELS[key], color=colors[i], hatch=hatch, edgecolor="white")
-        if key != "generation":  # same run as the flow
-            right.bar(xs, rss, width, label=SHORT_LABELS[key], color=colors[i], hatch=hatch, edgecolor="white")
+    panels = ((left, keys, "output_tokens_per_second", "{:.0f}"),
+              (right, [k for k in keys if k != "generation"], "peak_rss_mb", "{:.0f}"))  # generation: the flow's run
+    for ax, shown, figure, fmt in panels:
+        width = 0.8 / len(shown)
+        for i, key in enumerate(shown):
+            xs = [j + (i - (len(shown) - 1) / 2) * width for j in range(len(sizes))]
+            methods = [result["sizes"][s]["methods"].get(key) or {} for s in sizes]
+            values = [m.get(figure) or 0 for m in methods]
+            hatch = "//" if any(m.get("subset") for m in methods) else None
+            bars = ax.bar(xs, values, width, label=SHORT_LABELS[key], color=colors[keys.index(key)], hatch=hatch,
+                          edgecolor="white")
+            ax.bar_label(bars, labels=[fmt.format(v) for v in values], fontsize=7, padding=2)
     for ax, title, unit in ((left, "Throughput", "output tokens / s"), (right, "Peak memory", "peak RSS (MB)")):
         ax.set_xticks(range(len(sizes)))
         ax.set_xticklabels([f"{int(s):,} items" for s in sizes])
         ax.set_ylabel(unit)
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)
-    left.legend(fontsize=8, loc="upper left")
+        ax.margins(y=0.12)
+    handles, labels = left.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
     config = result["config"]
     fig.suptitle(
         f"batchgen vs raw vLLM, a one-prompt loop and HF transformers — {config['model']}, max_tokens "
@@ -218,6 +226,6 @@ def render_chart(result: dict[str, Any], path: Path) -> None:
         + "\nhatched: measured on a subset, as rates; memory includes vLLM's child processes",
         fontsize=9,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

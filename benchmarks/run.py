@@ -75,8 +75,8 @@ FULL = dict(sizes=[500, 2000], max_tokens=64, serial_items=64, hf_items=256, hf_
             retry_items=128,
             retry_max_tokens=16, retry_passes=2, memory_sizes=[2000, 20000], memory_max_tokens=4)
 # --quick: one HF thread, since torch's threads slow down 10-20x when another process keeps a core busy.
-QUICK = dict(sizes=[8], max_tokens=8, serial_items=4, hf_items=4, hf_batch_size=4, hf_threads=1, retry_items=8,
-             retry_max_tokens=8, retry_passes=2, memory_sizes=[8, 16], memory_max_tokens=4)
+QUICK = dict(sizes=[8], max_tokens=8, serial_items=4, hf_items=4, hf_batch_size=4, hf_threads=1, retry_items=4,
+             retry_max_tokens=8, retry_passes=1, memory_sizes=[8, 16], memory_max_tokens=4)
 
 
 def _int_list(values: list[str]) -> list[int]:
@@ -105,7 +105,8 @@ def parse_args(argv: list[str] | None) -> Config:
                              "(writes memory.json/memory.md, and adds them to latest.* in --out if present)")
     parser.add_argument("--memory-sizes", nargs="+", help="item counts for --memory (default 2000 20000)")
     parser.add_argument("--quick", action="store_true",
-                        help="tiny sizes (8 items, max_tokens 8, loop 4, HF 4): a plumbing check, not a measurement")
+                        help="tiny sizes (8 items, max_tokens 8, loop 4, HF 4 on one thread, retries on 4 items, "
+                             "no warm-up flow run): a plumbing check, not a measurement")
     args = parser.parse_args(argv)
     base = QUICK if args.quick else FULL
 
@@ -229,16 +230,17 @@ class TreeMemory:
 def machine_facts() -> dict[str, Any]:
     import psutil
 
-    cpu_model, flags = platform.processor() or "unknown", set()
+    cpu_model, flags = None, set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "model name" and cpu_model in ("unknown", platform.processor()):
+            if key.strip() == "model name" and cpu_model is None:
                 cpu_model = value.strip()
             elif key.strip() == "flags" and not flags:
                 flags = set(value.split())
     except OSError:
         pass
+    cpu_model = cpu_model or platform.processor() or platform.machine()
     memory = psutil.virtual_memory()
     return {
         "cpu_model": cpu_model,
@@ -308,7 +310,8 @@ def build_prompt_ids(job: Any) -> tuple[list[str], list[list[int]]]:
     built = build_prompts(loaded.items, job.prompt, tokenizer, max_len, loaded.columns)
     if built.rejected:
         raise RuntimeError(f"{len(built.rejected)} benchmark prompts were rejected: {built.rejected[0]}")
-    return [str(i) for i in built.prompts["item_id"]], [list(map(int, ids)) for ids in built.prompts["prompt_token_ids"]]
+    ids = [str(i) for i in built.prompts["item_id"]]
+    return ids, [list(map(int, tokens)) for tokens in built.prompts["prompt_token_ids"]]
 
 
 # ---------------------------------------------------------------- methods
@@ -398,7 +401,7 @@ def run_flow(job: Any, memory: TreeMemory, prompt_ids: dict[str, list[int]] | No
     identical = None
     if prompt_ids is not None:
         first = attempts[attempts["attempt"] == 1]
-        identical = len(first) == len(prompt_ids) and all(
+        identical = len(first) == items and all(
             list(map(int, ids)) == prompt_ids.get(str(item)) for item, ids in zip(first["item_id"],
                                                                                     first["prompt_token_ids"]))
     flow = method_figures(items, tokens, wall, None if first_commit is None else first_commit - called_at, mem,
@@ -500,6 +503,8 @@ def warm_up(cfg: Config, engine: Any, job: Any, prompts: list[list[int]], memory
     engine.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts[:8]],
                         SamplingParams(**{**sampling_kwargs(job.sampling), "max_tokens": 4}), use_tqdm=False)
     raw_seconds = time.perf_counter() - started
+    if cfg.quick:  # --quick checks the plumbing only: its flow row includes these one-time costs
+        return {"raw_seconds": round(raw_seconds, 3), "flow_seconds": None}
     products = write_products(cfg.work / "products-warmup.csv", 8)
     log("warm-up flow run (8 items, max_tokens 4)")
     warm = run_flow(bench_job(products, cfg.work / "out-warmup", 4), memory)
@@ -696,7 +701,8 @@ def _finite_positive(value: Any) -> bool:
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     set_environment()
-    command = "python -m benchmarks.run" + ("" if not (argv or sys.argv[1:]) else " " + shlex.join(argv or sys.argv[1:]))
+    given = sys.argv[1:] if argv is None else argv
+    command = "python -m benchmarks.run" + (" " + shlex.join(given) if given else "")
     try:
         if cfg.memory:
             memory = memory_mode(cfg, command)

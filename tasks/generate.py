@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -32,6 +33,11 @@ class Generated:
     engine_args: dict
 
 
+@functools.cache
+def _devnull():
+    return open(os.devnull, "w")
+
+
 def live_progress(label: str, artifact_id, every: float = 2.0):
     """A tqdm class for vLLM: a terminal bar (when there is a terminal) and the Prefect progress artifact."""
     from tqdm import tqdm
@@ -41,7 +47,7 @@ def live_progress(label: str, artifact_id, every: float = 2.0):
             def __init__(self, *args, **kwargs):
                 # Not disabled off a terminal (vLLM reads the bar's timings): it draws into the void.
                 kwargs.update(total=total, initial=done, desc=f"generate [{label}]", unit="req", leave=False,
-                              file=sys.stderr if sys.stderr.isatty() else open(os.devnull, "w"), mininterval=1.0)
+                              file=sys.stderr if sys.stderr.isatty() else _devnull(), mininterval=1.0)
                 super().__init__(*args, **kwargs)
                 self._sent = time.monotonic()
 
