@@ -35,7 +35,6 @@ SetOpt = Annotated[
 def _quiet_libraries(verbose: bool) -> None:
     """Library chatter off at the default level; everything with --verbose."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if verbose else "WARNING")
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "info" if verbose else "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     level = logging.DEBUG if verbose else logging.WARNING

@@ -6,6 +6,8 @@ Run it as `python -m flows.batch_generation JOB.yaml`, `batchgen run JOB.yaml`, 
 
 from __future__ import annotations
 
+import batchgen  # noqa: F401  (first: sets process defaults before Prefect reads its settings)
+
 import sys
 import time
 from datetime import datetime, timezone

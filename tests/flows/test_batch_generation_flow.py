@@ -77,7 +77,7 @@ def test_flow_retries_cut_off_items_and_publishes_each_item_once(tmp_path, prefe
 
     run, artifacts = asyncio.run(flow_run_and_artifacts())
     assert run.state.is_completed()
-    summaries = [a for a in artifacts if a.key == "test-products-summary"]
+    summaries = [a for a in artifacts if a.key == "test-products-summary" and a.flow_run_id == run.id]
     assert summaries and "| accepted | 20 (100.0%) |" in summaries[0].data
 
 
