@@ -99,12 +99,13 @@ def check(
     spec = _load(job, limit, set_)
     from batchgen.items import DataError, load_items
     from batchgen.job import JobError
-    from batchgen.prompts import build_prompts, check_template_columns
+    from batchgen.prompts import build_prompts, check_keyword_column, check_template_columns
     from batchgen.tokenizer import load_tokenizer
 
     try:
         loaded = load_items(spec.input)
         check_template_columns(spec.prompt, loaded.columns)
+        check_keyword_column(spec.expectations.keyword_column, loaded.columns)
         _, tokenizer, max_len = load_tokenizer(spec.engine)
         built = build_prompts(loaded.items, spec.prompt, tokenizer, max_len, loaded.columns)
     except JobError as exc:

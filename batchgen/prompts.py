@@ -69,6 +69,15 @@ def check_template_columns(spec: PromptSpec, columns: list[str]) -> list[str]:
     return fields
 
 
+def check_keyword_column(column: str | None, columns: list[str]) -> None:
+    """The keyword expectation reads an input column: fail before the engine loads when there is none."""
+    if column is not None and column not in columns:
+        raise JobError(
+            f"expectations.keyword_column: {column!r} is not a column of the input "
+            f"(columns: {', '.join(columns) or 'none'})"
+        )
+
+
 def _is_blank(value: Any) -> bool:
     if value is None:
         return True

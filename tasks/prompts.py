@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from batchgen.items import LoadedItems
 from batchgen.job import JobSpec
 from batchgen.models import ModelRef
-from batchgen.prompts import BuiltPrompts, build_prompts, check_template_columns
+from batchgen.prompts import BuiltPrompts, build_prompts, check_keyword_column, check_template_columns
 from batchgen.tokenizer import load_tokenizer
 
 
@@ -25,6 +25,7 @@ class PromptStep:
 def build_prompts_task(job: JobSpec, loaded: LoadedItems) -> PromptStep:
     """Render every item's prompt with the model's chat template and count its tokens."""
     check_template_columns(job.prompt, loaded.columns)  # a bad template fails before any model work
+    check_keyword_column(job.expectations.keyword_column, loaded.columns)
     model, tokenizer, max_len = load_tokenizer(job.engine)
     built = build_prompts(loaded.items, job.prompt, tokenizer, max_len, loaded.columns)
     lengths = built.prompts["n_prompt_tokens"]

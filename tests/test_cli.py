@@ -115,3 +115,11 @@ def test_job_runs_from_the_command_line(way, tmp_path):
     assert manifest["counts"]["items"] == 4  # --limit
     assert manifest["sampling"]["max_tokens"] == 24  # --set
     assert manifest["flow_name"] == "batch-generation"
+
+
+def test_keyword_column_missing_from_the_input_is_a_job_error(tmp_path):
+    job = product_job(tmp_path, 3, expectations={"keyword_column": "title"})
+    for command in ("check", "run"):
+        result = run_cli([command, str(write_job(tmp_path, job))], tmp_path)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert "expectations.keyword_column: 'title' is not a column" in result.stderr
