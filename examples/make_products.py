@@ -50,6 +50,16 @@ def products(table: dict, count: int, seed: int) -> list[dict[str, str]]:
     return rows
 
 
+def write_csv(path: Path, rows: list[dict[str, str]]) -> Path:
+    """Write product rows as UTF-8 CSV with a header."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--count", type=int, default=500)
@@ -58,11 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for filename, table in (("products.csv", EN), ("products_zh.csv", ZH)):
-        path = args.out / filename
-        with open(path, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, fieldnames=["product_id", "name", "feature", "audience"])
-            writer.writeheader()
-            writer.writerows(products(table, args.count, args.seed))
+        path = write_csv(args.out / filename, products(table, args.count, args.seed))
         print(f"wrote {args.count} products to {path}")
 
 

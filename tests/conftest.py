@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import sys
 import tempfile
@@ -38,11 +37,7 @@ def write_products(path: Path, count: int, lang: str = "en", seed: int = 7) -> l
     import make_products
 
     rows = make_products.products(make_products.ZH if lang == "zh" else make_products.EN, count, seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    make_products.write_csv(path, rows)
     return rows
 
 
