@@ -18,7 +18,7 @@ from batchgen.models import ModelRef, model_max_len, resolve_model
 log = logging.getLogger("batchgen.engine")
 
 GPU_MEMORY_SHARE = 0.9
-CPU_MEMORY_SHARE = 0.3
+CPU_MEMORY_SHARE = 0.1  # 2.4 GiB of 24: ~50k tokens of KV for the default model; leaves room for several engines
 
 _LOCK = threading.Lock()
 _ENGINES: dict[tuple, Engine] = {}

@@ -65,7 +65,7 @@ class EngineSpec(_Section):
         gt=0,
         le=1,
         description="Share of GPU memory vLLM may use (default 0.9). On CPU builds: share of RAM kept for "
-        "the KV cache (default 0.3).",
+        "the KV cache (default 0.1).",
     )
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one model is split across (tensor parallel).")
     pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages one model is split across.")
