@@ -18,7 +18,9 @@ from batchgen.models import ModelRef, model_max_len, resolve_model
 log = logging.getLogger("batchgen.engine")
 
 GPU_MEMORY_SHARE = 0.9
-CPU_MEMORY_SHARE = 0.1  # 2.4 GiB of 24: ~50k tokens of KV for the default model; leaves room for several engines
+# On CPU builds a share of RAM also pays for the model and runtime (~2 GiB here), so a share small enough
+# for several engines on one machine leaves too little KV; a fixed KV size does not depend on the machine.
+CPU_KV_CACHE_BYTES = 2 << 30  # ~45k tokens of KV for the default model
 
 _LOCK = threading.Lock()
 _ENGINES: dict[tuple, Engine] = {}
@@ -61,10 +63,14 @@ def engine_args(spec: EngineSpec, model: ModelRef, cpu: bool) -> dict[str, Any]:
         "tensor_parallel_size": spec.tensor_parallel_size,
         "enforce_eager": cpu if spec.enforce_eager is None else spec.enforce_eager,
     }
-    # On CPU builds vLLM reads this as the share of RAM to reserve, and refuses to start
-    # when that much is not free; a small model needs far less than the GPU default.
-    default_share = CPU_MEMORY_SHARE if cpu else GPU_MEMORY_SHARE
-    args["gpu_memory_utilization"] = spec.gpu_memory_utilization or default_share
+    # On CPU builds vLLM reads gpu_memory_utilization as the share of RAM to reserve (model included)
+    # and refuses to start when that much is not free; by default a CPU engine gets a fixed KV size.
+    if spec.gpu_memory_utilization is not None:
+        args["gpu_memory_utilization"] = spec.gpu_memory_utilization
+    elif cpu:
+        args["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    else:
+        args["gpu_memory_utilization"] = GPU_MEMORY_SHARE
     if spec.pipeline_parallel_size > 1:
         args["pipeline_parallel_size"] = spec.pipeline_parallel_size
     max_len = spec.max_model_len or model_max_len(model.path)

@@ -41,15 +41,28 @@ class PromptSpec(_Section):
         description="chat: system + user messages through the model's chat template; completion: raw text.",
     )
     system: str | None = Field(None, description="System message template (chat style only).")
-    template: str = Field(
+    template: str | None = Field(
+        None,
         min_length=1,
         description="User message (chat) or the whole prompt (completion): a Jinja template over the row's columns.",
+    )
+    messages_column: str | None = Field(
+        None,
+        min_length=1,
+        description="Instead of a template: an input column holding a whole conversation, a list of "
+        "{role, content} messages (a JSON string in CSV), rendered with the model's chat template.",
     )
 
     @model_validator(mode="after")
     def _system_needs_chat(self) -> PromptSpec:
         if self.system is not None and self.style != "chat":
             raise ValueError("a system message needs style 'chat'")
+        if self.template is None and self.messages_column is None:
+            raise ValueError("set template (a Jinja template) or messages_column (a column of chat messages)")
+        if self.template is not None and self.messages_column is not None:
+            raise ValueError("set either template or messages_column, not both")
+        if self.messages_column is not None and self.style != "chat":
+            raise ValueError("messages_column needs style 'chat'")
         return self
 
 
@@ -64,8 +77,8 @@ class EngineSpec(_Section):
         None,
         gt=0,
         le=1,
-        description="Share of GPU memory vLLM may use (default 0.9). On CPU builds: share of RAM kept for "
-        "the KV cache (default 0.1).",
+        description="Share of GPU memory vLLM may use (default 0.9). On CPU builds: share of RAM to reserve, "
+        "model included; when absent a CPU engine gets a fixed 2 GiB KV cache (kv_cache_memory_bytes).",
     )
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one model is split across (tensor parallel).")
     pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline stages one model is split across.")
@@ -78,6 +91,10 @@ class EngineSpec(_Section):
     extra_args: dict[str, Any] = Field(
         default_factory=dict, description="Any other vllm.LLM keyword argument, passed through unchanged."
     )
+
+
+SELECTIONS = ("first_passing", "max_logprob")
+OVERRIDABLE = ("max_tokens", "temperature")
 
 
 class SamplingSpec(_Section):
@@ -93,8 +110,35 @@ class SamplingSpec(_Section):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0)
-    logprobs: int | None = Field(None, ge=0, description="Top logprobs per generated token; also fills cumulative_logprob.")
+    logprobs: int | None = Field(
+        None, ge=0, le=20,
+        description="Top logprobs per generated token, published in the logprobs column; cumulative_logprob is always kept.",
+    )
     ignore_eos: bool = False
+    selection: Literal["first_passing", "max_logprob"] = Field(
+        "first_passing",
+        description="Which of an item's candidates is published. first_passing: the best-scored candidate that "
+        "passes every expectation; max_logprob: the candidate with the highest cumulative_logprob (rejected "
+        "when it fails an expectation).",
+    )
+    best_of: int | None = Field(
+        None, ge=1, le=64,
+        description="vLLM V0's best_of, which V1 dropped: read as n=best_of candidates and selection max_logprob.",
+    )
+    use_beam_search: bool = Field(False, description="Beam search (LLM.beam_search) instead of sampling.")
+    beam_width: int | None = Field(None, ge=1, le=64, description="Beams kept per step; n when absent. Each "
+                                   "finished beam is a candidate, ranked by vLLM's beam score.")
+    length_penalty: float = Field(1.0, description="Beam search: score = cumulative_logprob / length**length_penalty.")
+    json_schema: dict[str, Any] | None = Field(
+        None,
+        description="A JSON schema that constrains decoding (vLLM structured outputs, StructuredOutputsParams(json=...)); "
+        "outputs are checked against it and its top-level properties are published as columns.",
+    )
+    overrides: dict[Literal["max_tokens", "temperature"], str] = Field(
+        default_factory=dict,
+        description="Per-row values: {max_tokens: COLUMN, temperature: COLUMN}; a row's own value replaces the "
+        "job's, a blank cell keeps the job's, an invalid one rejects the row.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -105,15 +149,56 @@ class SamplingSpec(_Section):
                     "'seed' is set per engine, not per request: use engine.seed "
                     "(a per-request seed with temperature > 0 crashes the CPU engine)"
                 )
-            if "best_of" in data:
-                raise ValueError("vLLM V1 has no best_of: set n to the number of candidates instead")
+            if data.get("best_of") is not None:
+                best_of, n = data["best_of"], data.get("n", 1)
+                if isinstance(best_of, int) and n not in (1, best_of):
+                    raise ValueError(
+                        f"best_of ({best_of}) with n ({n}): batchgen publishes one answer per item, chosen among "
+                        f"n candidates; set n to the number of candidates and leave best_of out"
+                    )
+                data = {**data, "n": best_of}
+                data.setdefault("selection", "max_logprob")
         return data
 
     @model_validator(mode="after")
     def _min_within_max(self) -> SamplingSpec:
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) is larger than max_tokens ({self.max_tokens})")
+        if self.use_beam_search:
+            if self.beam_width is not None and self.n not in (1, self.beam_width):
+                raise ValueError(f"beam_width ({self.beam_width}) and n ({self.n}) disagree: beam search returns "
+                                 f"beam_width candidates; set one of them")
+            if self.json_schema is not None:
+                raise ValueError("json_schema with use_beam_search is not supported: vLLM's beam search "
+                                 "applies no stop strings and only filters structured output per step")
+        elif self.beam_width is not None:
+            raise ValueError("beam_width needs use_beam_search: true")
+        if self.json_schema is not None:
+            from jsonschema import Draft202012Validator, SchemaError
+
+            try:
+                Draft202012Validator.check_schema(self.json_schema)
+            except SchemaError as exc:
+                raise ValueError(f"json_schema is not a valid JSON schema: {exc.message}") from None
         return self
+
+    @property
+    def candidates(self) -> int:
+        """Candidates per item: the beam width under beam search, n otherwise."""
+        if self.use_beam_search:
+            return self.beam_width or self.n
+        return self.n
+
+    def notes(self) -> list[str]:
+        """How the job's sampling settings were read, for the run's log."""
+        notes = []
+        if self.best_of is not None:
+            notes.append(f"best_of={self.best_of} read as n={self.n} candidates per item, selection {self.selection} "
+                         f"(vLLM V1 has no best_of: every candidate is generated, validated and kept in attempts)")
+        if self.use_beam_search:
+            notes.append(f"beam search: beam_width {self.candidates}, length_penalty {self.length_penalty}; "
+                         f"stop strings, penalties, top_p/top_k do not apply to vLLM's beam search")
+        return notes
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -159,8 +244,9 @@ class RetrySpec(_Section):
 
 
 class OutputSpec(_Section):
-    dir: str = Field(description="Folder the dataset is published to.")
+    dir: str = Field(description="Folder the dataset is published to; readers use its `current` link.")
     jsonl: bool = Field(False, description="Also write JSONL mirrors of the Parquet files.")
+    keep: int = Field(3, ge=1, description="Publications kept under publications/ (the current one included).")
 
 
 class JobSpec(_Section):
@@ -175,6 +261,17 @@ class JobSpec(_Section):
     chunk_size: int = Field(
         512, ge=1, description="Prompts per engine call; each finished chunk is committed to disk."
     )
+
+    @model_validator(mode="after")
+    def _structured_columns_free(self) -> JobSpec:
+        from batchgen.assemble import ACCEPTED_FIELDS  # the published columns a JSON field must not shadow
+
+        reserved = set(ACCEPTED_FIELDS) | {"n_candidates", "n_passing", "selection", "temperature", "logprobs"}
+        for name in (self.sampling.json_schema or {}).get("properties", {}):
+            if name in reserved:
+                raise ValueError(f"sampling.json_schema: property {name!r} would be published as a column, but "
+                                 f"results already have a column {name!r}; rename the property")
+        return self
 
     def fingerprint(self) -> str:
         """Hash of everything that shapes the outputs (not where they are written)."""

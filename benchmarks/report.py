@@ -151,10 +151,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         "- Peak RSS: the sum of resident memory over this process and all its children (vLLM's engine core and "
         "worker, and the temporary Prefect server of the run), sampled every "
         f"{result['memory_sampling_seconds']} s during the method; shared pages count once per process. "
-        "HF is the exact peak (`ru_maxrss`) of its own process, which holds nothing else. vLLM reserves "
-        f"`gpu_memory_utilization` ({result['engine']['args'].get('gpu_memory_utilization')} on this CPU build) of "
-        "the machine's RAM for its KV cache when the engine starts, whatever the batch: most of the engine "
-        "processes' memory.",
+        "HF is the exact peak (`ru_maxrss`) of its own process, which holds nothing else. vLLM reserves its KV "
+        f"cache when the engine starts, whatever the batch ({_kv_reservation(result['engine']['args'])}): most "
+        "of the engine processes' memory.",
     ]
     breakdown = sizes[max(sizes, key=int)]["methods"]["flow"].get("peak_rss_breakdown_mb")
     if breakdown:
@@ -229,3 +228,9 @@ def render_chart(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _kv_reservation(args: dict) -> str:
+    if args.get("kv_cache_memory_bytes"):
+        return f"kv_cache_memory_bytes {args['kv_cache_memory_bytes'] / 2**30:g} GiB"
+    return f"gpu_memory_utilization {args.get('gpu_memory_utilization')} of the machine's RAM"
