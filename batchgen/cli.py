@@ -85,7 +85,8 @@ def run(
     except Exception as exc:  # the flow run is Failed in Prefect; say so plainly here
         _fail(EXIT_RUN_FAILED, f"the run failed: {type(exc).__name__}: {exc}")
     counts = manifest["counts"]
-    typer.echo(json.dumps({"output": spec.output.dir, "counts": counts, "rates": manifest["rates"]}, indent=2))
+    typer.echo(json.dumps({"output": str(Path(spec.output.dir) / "current"), "publication": manifest["publication"],
+                           "counts": counts, "rates": manifest["rates"]}, indent=2))
 
 
 @app.command()
@@ -104,10 +105,11 @@ def check(
 
     try:
         loaded = load_items(spec.input)
-        check_template_columns(spec.prompt, loaded.columns)
+        check_template_columns(spec.prompt, loaded.columns, spec.input.path)
         check_keyword_column(spec.expectations.keyword_column, loaded.columns)
         _, tokenizer, max_len = load_tokenizer(spec.engine)
-        built = build_prompts(loaded.items, spec.prompt, tokenizer, max_len, loaded.columns)
+        built = build_prompts(loaded.items, spec.prompt, tokenizer, max_len, loaded.columns,
+                              spec.expectations.keyword_column)
     except JobError as exc:
         _fail(EXIT_BAD_JOB, str(exc))
     except DataError as exc:

@@ -6,7 +6,10 @@ Rules, per case (errors are data, see the README's "Nothing lost"):
 - a JSONL line that is not a JSON object becomes a rejected item (`invalid_json`), the
   rest of the file is used;
 - a row with no id, or an id (or, without an id column, a content) seen on an earlier
-  row, becomes a rejected item (`missing_id`, `duplicate_id`, `duplicate_item`).
+  row, becomes a rejected item (`missing_id`, `duplicate_id`, `duplicate_item`);
+- an id that is not text or a whole number (a list, an object, bytes, true/false, 2.5)
+  becomes a rejected item (`bad_id`); a Parquet id column whose type can hold no valid id
+  (list, struct, map, binary, boolean) raises DataError before any row is read.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import csv
 import io
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,8 +112,10 @@ def _read_csv(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Rejecti
     if len(set(header)) != len(header) or any(not name for name in header):
         raise DataError(f"{path}: line 1: column names must be unique and non-empty, got {header}")
     rows, numbers = [], []
+    started = reader.line_num + 1  # the line the record being read starts on
     try:
         for values in reader:
+            started = reader.line_num + 1
             if not values or (len(values) == 1 and not values[0].strip()):
                 continue
             if len(values) != len(header):
@@ -120,9 +126,14 @@ def _read_csv(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Rejecti
             rows.append({name: (value if value != "" else None) for name, value in zip(header, values)})
             numbers.append(reader.line_num)
     except csv.Error as exc:
+        if "unexpected end of data" in str(exc):
+            raise DataError(f"{path}: line {started}: a quoted field opened on this line is never closed "
+                            f"(the file ends at line {reader.line_num})") from None
         raise DataError(f"{path}: line {reader.line_num}: {exc}") from None
     if not header:
         raise DataError(f"{path}: no columns")
+    if not rows:
+        raise DataError(f"{path}: input file has no rows, only a header ({', '.join(header)})")
     return rows, numbers, []
 
 
@@ -151,23 +162,63 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Rejec
     return rows, numbers, rejected
 
 
-def _read_parquet(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Rejection]]:
+def _read_parquet(path: Path, id_column: str | None = None) -> tuple[list[dict[str, Any]], list[int], list[Rejection]]:
     try:
+        schema = pq.read_schema(path)
+        if id_column in schema.names:
+            kind = schema.field(id_column).type
+            if (pa.types.is_nested(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+                    or pa.types.is_fixed_size_binary(kind) or pa.types.is_boolean(kind)):
+                raise DataError(f"{path}: field {id_column} (input.id_column) has Parquet type {kind}; "
+                                f"ids must be text or integers")
         table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as exc:
+        rows = table.to_pylist()
+    except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{path}: not a readable Parquet file: {exc}") from None
-    rows = table.to_pylist()
+    if not rows:
+        raise DataError(f"{path}: input file has no rows (Parquet schema: {', '.join(schema.names) or 'none'})")
     return rows, list(range(1, len(rows) + 1)), []
 
 
+def item_id_of(value: Any) -> tuple[str | None, str]:
+    """An item id from an id cell: (id, "") or (None, the reason: missing_id or bad_id)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None, "missing_id"
+    if isinstance(value, str):
+        return (value.strip(), "") if value.strip() else (None, "missing_id")
+    if isinstance(value, bool):  # before int: True is an int
+        return None, "bad_id"
+    if isinstance(value, int):
+        return str(value), ""
+    if isinstance(value, float) and value.is_integer():  # an integer column with nulls, as pandas writes it
+        return str(int(value)), ""
+    return None, "bad_id"
+
+
 READERS = {"csv": _read_csv, "jsonl": _read_jsonl, "parquet": _read_parquet}
+
+
+def _describe(value: Any) -> str:
+    """A value's kind in a user's words: a list, an object, bytes, true, 2.5."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, (bytes, bytearray)):
+        return "bytes"
+    if isinstance(value, float):
+        return f"{value!r}"
+    return f"a {type(value).__name__}"
 
 
 def load_items(spec: InputSpec) -> LoadedItems:
     """Read the input file and give every row a stable item id; unusable rows become rejections."""
     path = Path(spec.path)
     _check_file(path)
-    rows, numbers, rejected = READERS[detect_format(spec)](path)
+    fmt = detect_format(spec)
+    rows, numbers, rejected = _read_parquet(path, spec.id_column) if fmt == "parquet" else READERS[fmt](path)
     if spec.limit is not None and len(rows) > spec.limit:
         cutoff = numbers[spec.limit]  # the first line past the limit
         rows, numbers = rows[: spec.limit], numbers[: spec.limit]
@@ -190,11 +241,17 @@ def load_items(spec: InputSpec) -> LoadedItems:
         full = {name: row.get(name) for name in columns}
         if spec.id_column:
             raw_id = full.get(spec.id_column)
-            if raw_id is None or (isinstance(raw_id, str) and not raw_id.strip()):
+            item_id, problem = item_id_of(raw_id)
+            if problem == "missing_id":
                 rejected.append(Rejection(f"row-{number}", number, "load", ["missing_id"],
                                           f"row {number}: {spec.id_column} is empty", full))
                 continue
-            item_id, duplicate_reason = str(raw_id).strip(), "duplicate_id"
+            if problem:
+                rejected.append(Rejection(f"row-{number}", number, "load", ["bad_id"],
+                                          f"row {number}: {spec.id_column} is {_describe(raw_id)}; "
+                                          f"ids must be text or whole numbers", full))
+                continue
+            duplicate_reason = "duplicate_id"
         else:
             item_id, duplicate_reason = content_id(full), "duplicate_item"
         if item_id in seen:

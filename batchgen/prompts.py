@@ -57,13 +57,14 @@ def template_fields(spec: PromptSpec) -> list[str]:
     return names
 
 
-def check_template_columns(spec: PromptSpec, columns: list[str]) -> list[str]:
+def check_template_columns(spec: PromptSpec, columns: list[str], source: str | None = None) -> list[str]:
     """Fail before the engine loads when a template names a column the input lacks."""
     fields = template_fields(spec)
     missing = [name for name in fields if name not in columns]
     if missing:
         raise JobError(
-            f"prompt: the template uses column {missing[0]!r}, which the input does not have "
+            f"prompt: the template uses column {missing[0]!r}, which the input "
+            f"{f'{source} ' if source else ''}does not have "
             f"(columns: {', '.join(columns) or 'none'})"
         )
     return fields
@@ -109,8 +110,27 @@ def _render(source: str, row: dict[str, Any], where: str) -> str:
         raise JobError(f"{where}: the template tried something the sandbox forbids: {exc}") from None
 
 
+def wrong_type(values: dict[str, Any], fields: list[str], keyword_column: str | None = None) -> str | None:
+    """Why a row's values cannot be used as the job uses them, or None.
+
+    Templates take text, numbers, lists and mappings (Jinja can loop over and index the
+    last two), but not bytes: they would render as b'...'. The keyword column is compared
+    as text, so it must hold text or a number.
+    """
+    for name in fields:
+        if isinstance(values.get(name), (bytes, bytearray)):
+            return f"{name} is bytes; a template needs text, numbers, lists or mappings"
+    keyword = values.get(keyword_column) if keyword_column else None
+    if keyword is not None and (isinstance(keyword, (bytes, bytearray, list, tuple, dict))
+                                or hasattr(keyword, "tolist")):
+        return (f"{keyword_column} (expectations.keyword_column) is {type(keyword).__name__}; "
+                f"a keyword must be text or a number")
+    return None
+
+
 def build_prompts(
-    items: pd.DataFrame, spec: PromptSpec, tokenizer: Tokenizer, max_model_len: int, columns: list[str]
+    items: pd.DataFrame, spec: PromptSpec, tokenizer: Tokenizer, max_model_len: int, columns: list[str],
+    keyword_column: str | None = None,
 ) -> BuiltPrompts:
     """Render, template and tokenize every item's prompt; reject the rows that cannot be prompted."""
     fields = check_template_columns(spec, columns)
@@ -118,6 +138,11 @@ def build_prompts(
     ids, texts, numbers, inputs = [], [], [], []
     for row in items.to_dict(orient="records"):
         values = {name: row[name] for name in columns}
+        problem = wrong_type(values, fields, keyword_column)
+        if problem:
+            rejected.append(Rejection(row["item_id"], row["row_number"], "prompt", ["wrong_type"],
+                                      f"row {row['row_number']}: {problem}", values))
+            continue
         blank = [name for name in fields if _is_blank(values.get(name))]
         if blank:
             rejected.append(Rejection(row["item_id"], row["row_number"], "prompt", ["missing_field"],

@@ -1,7 +1,18 @@
-"""The one writer of the dataset: explicit schemas, temporary names then rename, manifest last.
+"""The one writer of the dataset: explicit schemas, one directory per publication, an atomic switch.
 
-A reader who opens `manifest.json` first and then the files it lists sees one complete
-publication: the manifest is replaced last and records each file's SHA-256.
+Layout of `output.dir`:
+
+    current -> publications/<id>     the complete publication readers use (a symlink)
+    publications/<id>/               one directory per run: results, rejected, attempts,
+                                     validation, manifest (written last, with each file's
+                                     SHA-256), and whatever else the run adds before commit
+    .batchgen/                       the durable result store and the publication history
+
+`stage` writes a new publication directory that no reader looks at yet; anything else
+that belongs to the publication (a report, Data Docs) is added to it next; `commit`
+then points `current` at it with one rename of a symlink, which is atomic. A crash
+before that rename leaves `current` on the previous complete publication; the stale
+directory is removed by the next commit. The last `keep` publications are kept.
 """
 
 from __future__ import annotations
@@ -9,14 +20,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 
-from batchgen.schema import accepted_schema, attempts_schema, input_type, rejected_schema
+from batchgen.schema import accepted_schema, attempts_schema, input_codec, rejected_schema
 from batchgen.store import write_atomic
 
 RESULTS = "results.parquet"
@@ -24,6 +37,13 @@ REJECTED = "rejected.parquet"
 ATTEMPTS = "attempts.parquet"
 VALIDATION = "validation.json"
 MANIFEST = "manifest.json"
+CURRENT = "current"
+PUBLICATIONS = "publications"
+HISTORY = Path(".batchgen") / "publications.json"
+
+
+class PublishError(RuntimeError):
+    """A publication that cannot be committed or does not verify."""
 
 
 def _sha256(path: Path) -> str:
@@ -32,6 +52,14 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_text_atomic(text: str, path: Path) -> None:
@@ -56,6 +84,91 @@ def to_table(frame: pd.DataFrame, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist(records, schema=schema)
 
 
+def new_publication_id(now: datetime | None = None) -> str:
+    """Sortable by time, unique across processes: 20261129T181500123456Z-1a2b3c4d."""
+    now = now or datetime.now(timezone.utc)
+    return f"{now:%Y%m%dT%H%M%S%fZ}-{uuid.uuid4().hex[:8]}"
+
+
+def stage(
+    out_dir: Path,
+    accepted: pd.DataFrame,
+    rejected: pd.DataFrame,
+    attempts: pd.DataFrame,
+    validation: list[dict[str, Any]],
+    manifest: dict[str, Any],
+    jsonl: bool,
+) -> tuple[dict[str, Any], Path]:
+    """Write a new publication directory (manifest last); readers do not see it until `commit`."""
+    publication = new_publication_id()
+    staging = Path(out_dir) / PUBLICATIONS / publication
+    staging.mkdir(parents=True)
+    struct, encode = input_codec(list(accepted["input"]) + list(rejected["input"]))
+    accepted = accepted.assign(input=[encode(value) for value in accepted["input"]])
+    rejected = rejected.assign(input=[encode(value) for value in rejected["input"]])
+    tables = {
+        RESULTS: to_table(accepted, accepted_schema(struct)),
+        REJECTED: to_table(rejected, rejected_schema(struct)),
+        ATTEMPTS: to_table(attempts, attempts_schema()),
+    }
+    files: dict[str, dict[str, Any]] = {}
+    for name, table in tables.items():
+        path = staging / name
+        write_atomic(table, path)
+        files[name] = {"rows": table.num_rows, "sha256": _sha256(path)}
+        if jsonl:
+            mirror = path.with_suffix(".jsonl")
+            write_text_atomic(_jsonl(table), mirror)
+            files[mirror.name] = {"rows": table.num_rows, "sha256": _sha256(mirror)}
+    write_text_atomic(json.dumps(validation, ensure_ascii=False, indent=1, default=str), staging / VALIDATION)
+    files[VALIDATION] = {"sha256": _sha256(staging / VALIDATION)}
+    manifest = {**manifest, "publication": publication, "files": files}
+    write_text_atomic(json.dumps(manifest, ensure_ascii=False, indent=2, default=str), staging / MANIFEST)
+    return manifest, staging
+
+
+def _history(out_dir: Path) -> list[str]:
+    path = out_dir / HISTORY
+    if not path.is_file():
+        return []
+    try:
+        return [name for name in json.loads(path.read_text(encoding="utf-8")) if isinstance(name, str)]
+    except (ValueError, TypeError):
+        return []
+
+
+def commit(out_dir: Path, staging_dir: Path, keep: int = 3) -> Path:
+    """Point `<out>/current` at the staged publication (one atomic rename), then prune; returns its directory."""
+    out_dir, staging_dir = Path(out_dir), Path(staging_dir)
+    if staging_dir.parent.resolve() != (out_dir / PUBLICATIONS).resolve() or not (staging_dir / MANIFEST).is_file():
+        raise PublishError(f"{staging_dir}: not a staged publication of {out_dir} (no {MANIFEST})")
+    for path in sorted(staging_dir.rglob("*"), reverse=True):  # files added after stage() are durable too
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(staging_dir)
+    _fsync_dir(staging_dir.parent)
+
+    link = out_dir / CURRENT
+    tmp = out_dir / f".{CURRENT}.{uuid.uuid4().hex}.tmp"
+    os.symlink(Path(PUBLICATIONS) / staging_dir.name, tmp)  # relative: the folder can be moved or mounted
+    try:
+        os.replace(tmp, link)
+    finally:
+        if tmp.is_symlink():
+            tmp.unlink()
+    _fsync_dir(out_dir)
+
+    history = [name for name in _history(out_dir) if name != staging_dir.name] + [staging_dir.name]
+    kept = history[-max(keep, 1):]
+    (out_dir / HISTORY).parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(json.dumps(kept, indent=1), out_dir / HISTORY)
+    for path in (out_dir / PUBLICATIONS).iterdir():  # older publications, and stagings a crash left behind
+        if path.name not in kept and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+    return staging_dir
+
+
 def publish(
     out_dir: Path,
     accepted: pd.DataFrame,
@@ -64,27 +177,33 @@ def publish(
     validation: list[dict[str, Any]],
     manifest: dict[str, Any],
     jsonl: bool,
+    keep: int = 3,
 ) -> dict[str, Any]:
-    """Write the publication; returns the manifest as written (with file names, rows and hashes)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    struct = input_type(list(accepted["input"]) + list(rejected["input"]))
-    tables = {
-        RESULTS: to_table(accepted, accepted_schema(struct)),
-        REJECTED: to_table(rejected, rejected_schema(struct)),
-        ATTEMPTS: to_table(attempts, attempts_schema()),
-    }
-    files: dict[str, dict[str, Any]] = {}
-    for name, table in tables.items():
-        path = out_dir / name
-        write_atomic(table, path)
-        files[name] = {"rows": table.num_rows, "sha256": _sha256(path)}
-        if jsonl:
-            mirror = path.with_suffix(".jsonl")
-            write_text_atomic(_jsonl(table), mirror)
-            files[mirror.name] = {"rows": table.num_rows, "sha256": _sha256(mirror)}
-    write_text_atomic(json.dumps(validation, ensure_ascii=False, indent=1, default=str), out_dir / VALIDATION)
-    files[VALIDATION] = {"sha256": _sha256(out_dir / VALIDATION)}
-    manifest = {**manifest, "files": files}
-    write_text_atomic(json.dumps(manifest, ensure_ascii=False, indent=2, default=str), out_dir / MANIFEST)
+    """Stage and commit in one step; returns the manifest as written (publication id, file rows and hashes)."""
+    written, staging = stage(out_dir, accepted, rejected, attempts, validation, manifest, jsonl)
+    commit(out_dir, staging, keep)
+    return written
+
+
+def current_publication(out_dir: Path) -> Path:
+    """The directory `<out>/current` points at."""
+    link = Path(out_dir) / CURRENT
+    if not link.is_symlink() and not link.is_dir():
+        raise PublishError(f"{out_dir}: nothing published yet (no {CURRENT})")
+    return link.resolve()
+
+
+def verify_publication(directory: Path) -> dict[str, Any]:
+    """Check every file the manifest lists against its SHA-256; returns the manifest or raises PublishError."""
+    directory = Path(directory)
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PublishError(f"{directory}: no readable {MANIFEST}: {exc}") from None
+    for name, entry in manifest.get("files", {}).items():
+        path = directory / name
+        if not path.is_file():
+            raise PublishError(f"{directory}: {name} is listed in the manifest but missing")
+        if _sha256(path) != entry["sha256"]:
+            raise PublishError(f"{directory}: {name} does not match its SHA-256 in the manifest")
     return manifest

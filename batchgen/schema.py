@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -32,10 +34,48 @@ VERDICT_FIELDS = [("passed", pa.bool_()), ("failed", pa.list_(pa.string()))]
 
 def input_type(inputs: list[dict[str, Any] | None]) -> pa.DataType:
     """The struct type of the input columns, as Arrow infers it from the rows (JSON text if there are none)."""
+    return input_codec(inputs)[0]
+
+
+def input_codec(inputs: list[dict[str, Any] | None]) -> tuple[pa.DataType, Callable[[Any], Any]]:
+    """The struct type of the input columns, and how to encode one row's input for it.
+
+    A column whose values Arrow cannot give one type (JSONL rows holding a number in one
+    row and text in the next, say) is kept as JSON text, so publishing never fails on a
+    column the prompt may not even use.
+    """
     present = [row for row in inputs if row]
     if not present:
-        return pa.string()
-    return pa.struct(list(pa.Table.from_pylist(present).schema))
+        return pa.string(), lambda value: None if value is None else json.dumps(value, ensure_ascii=False, default=str)
+    names: list[str] = []
+    for row in present:
+        names.extend(name for name in row if name not in names)
+    fields, as_json = [], set()
+    for name in names:
+        try:
+            kind = pa.array([row.get(name) for row in present]).type
+            if _has_empty_struct(kind):  # Parquet cannot store a struct without fields
+                raise pa.ArrowInvalid("empty struct")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+            kind = pa.string()
+            as_json.add(name)
+        fields.append(pa.field(name, kind))
+
+    def encode(value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if not value:
+            return None
+        return {name: (json.dumps(value.get(name), ensure_ascii=False, default=str)
+                       if name in as_json and value.get(name) is not None else value.get(name)) for name in names}
+
+    return pa.struct(fields), encode
+
+
+def _has_empty_struct(kind: pa.DataType) -> bool:
+    if pa.types.is_struct(kind):
+        return kind.num_fields == 0 or any(_has_empty_struct(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _has_empty_struct(kind.value_type)
+    return False
 
 
 def accepted_schema(input_struct: pa.DataType) -> pa.Schema:

@@ -26,6 +26,7 @@ def summary_markdown(manifest: dict[str, Any]) -> str:
         f"| output tokens (generated this run) | {tokens['generated_this_run']} |",
         f"| output tokens/s (generation) | {tokens['output_per_second']} |",
         f"| model | {manifest['model']['name']} |",
+        f"| published as | `current` -> `publications/{manifest.get('publication', '?')}` |",
         "",
         "**Rejected by reason**",
         "",

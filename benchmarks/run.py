@@ -382,7 +382,7 @@ def run_flow(job: Any, memory: TreeMemory, prompt_ids: dict[str, list[int]] | No
     # when load and prompts are done.
     body_started = datetime.fromisoformat(manifest["started_at"]).timestamp()
     generation_started = body_started + timings["load_and_prompts"]
-    attempts = pd.read_parquet(out / "attempts.parquet", columns=["item_id", "attempt", "prompt_token_ids",
+    attempts = pd.read_parquet(out / "current" / "attempts.parquet", columns=["item_id", "attempt", "prompt_token_ids",
                                                                    "n_prompt_tokens", "n_output_tokens",
                                                                    "new_output_tokens", "chunk_seconds",
                                                                    "finish_reason"])

@@ -24,10 +24,11 @@ class PromptStep:
 @task(name="build-prompts", cache_policy=NO_CACHE)
 def build_prompts_task(job: JobSpec, loaded: LoadedItems) -> PromptStep:
     """Render every item's prompt with the model's chat template and count its tokens."""
-    check_template_columns(job.prompt, loaded.columns)  # a bad template fails before any model work
+    check_template_columns(job.prompt, loaded.columns, job.input.path)  # a bad template fails before any model work
     check_keyword_column(job.expectations.keyword_column, loaded.columns)
     model, tokenizer, max_len = load_tokenizer(job.engine)
-    built = build_prompts(loaded.items, job.prompt, tokenizer, max_len, loaded.columns)
+    built = build_prompts(loaded.items, job.prompt, tokenizer, max_len, loaded.columns,
+                          job.expectations.keyword_column)
     lengths = built.prompts["n_prompt_tokens"]
     print(
         f"prompts: {len(built.prompts)} built, {len(built.rejected)} rejected; "

@@ -16,7 +16,7 @@ from batchgen.assemble import assemble
 from batchgen.items import LoadedItems
 from batchgen.job import JobSpec
 from batchgen.manifest import build_manifest
-from batchgen.publish import publish
+from batchgen.publish import CURRENT, commit, stage
 from batchgen.retry import latest_attempts
 from batchgen.summary import summary_markdown
 from tasks.prompts import PromptStep
@@ -35,7 +35,7 @@ def publish_task(
     timings: dict[str, float],
     started_at: datetime,
 ) -> dict[str, Any]:
-    """Write accepted, rejected, every attempt, the GX results and the manifest (last)."""
+    """Write accepted, rejected, every attempt, the GX results and the manifest into a new publication; switch to it."""
     final = latest_attempts(attempts)
     result = assemble(loaded.items, loaded.columns, loaded.rejected + prompts.built.rejected, final)
     manifest = build_manifest(
@@ -43,13 +43,17 @@ def publish_task(
         result.rejected, attempts, reused, fresh_output_tokens, timings, started_at, flow_run.get_id(),
         flow_run.get_flow_name(),
     )
-    written = publish(Path(job.output.dir), result.accepted, result.rejected, attempts, validation, manifest,
-                      job.output.jsonl)
+    out_dir = Path(job.output.dir)
+    written, staging = stage(out_dir, result.accepted, result.rejected, attempts, validation, manifest,
+                             job.output.jsonl)
+    # Anything else that belongs to this publication is written into `staging` here, before the commit,
+    # so that readers of <out>/current see it together with the data or not at all.
+    published = commit(out_dir, staging, job.output.keep)
     create_markdown_artifact(markdown=summary_markdown(written), key=_artifact_key(job.name),
                              description=f"{job.name}: run summary")
     counts = written["counts"]
     print(f"publish: {counts['accepted']} accepted, {counts['rejected']} rejected of {counts['items']} items "
-          f"-> {job.output.dir}")
+          f"-> {out_dir / CURRENT} ({published.relative_to(out_dir)})")
     return written
 
 

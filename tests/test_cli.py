@@ -110,7 +110,7 @@ def test_job_runs_from_the_command_line(way, tmp_path):
                          module="flows.batch_generation")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "out" / "current" / "manifest.json").read_text())
     assert summary["counts"] == manifest["counts"]
     assert manifest["counts"]["items"] == 4  # --limit
     assert manifest["sampling"]["max_tokens"] == 24  # --set

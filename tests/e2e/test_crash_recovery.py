@@ -43,8 +43,8 @@ def wait_for_commits(process: subprocess.Popen, out: Path, count: int, log: Path
 
 
 def check_exactly_once(out: Path, ids: list[str]) -> None:
-    results = pd.read_parquet(out / "results.parquet")
-    rejected = pd.read_parquet(out / "rejected.parquet")
+    results = pd.read_parquet(out / "current" / "results.parquet")
+    rejected = pd.read_parquet(out / "current" / "rejected.parquet")
     published = list(results["item_id"]) + list(rejected["item_id"])
     assert sorted(published) == sorted(ids)
 
@@ -62,16 +62,16 @@ def test_rerun_after_sigkill_reuses_committed_results(tmp_path):
     os.killpg(process.pid, signal.SIGKILL)  # the run, its engine and its temporary Prefect server
     process.wait(timeout=60)
     rows_before = sum(len(pd.read_parquet(p)) for p in committed(out))
-    assert rows_before >= 16 and not (out / "manifest.json").exists()
+    assert rows_before >= 16 and not (out / "current").exists()
 
     rerun, log = start_run(tmp_path, job)
     assert rerun.wait(timeout=900) == 0, log.read_text()[-3000:]
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "current" / "manifest.json").read_text())
     ids = list(pd.read_csv(tmp_path / "products.csv", dtype=str)["product_id"])
     check_exactly_once(out, ids)
     assert manifest["counts"]["items"] == 40
     assert manifest["counts"]["reused"] >= rows_before  # every committed result, none generated twice
-    attempts = pd.read_parquet(out / "attempts.parquet")
+    attempts = pd.read_parquet(out / "current" / "attempts.parquet")
     assert not attempts.duplicated(["item_id", "candidate", "attempt"]).any()
     assert manifest["counts"]["reused"] + manifest["tokens"]["generated_this_run"] > 0
 
@@ -100,7 +100,7 @@ def test_engine_worker_death_is_retried_with_a_fresh_engine(tmp_path):
     assert process.wait(timeout=900) == 0, log.read_text()[-3000:]
     text = log.read_text()
     assert "EngineDeadError" in text and "Retry 1/1 will start" in text  # Prefect's task retry did the rest
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = json.loads((out / "current" / "manifest.json").read_text())
     ids = list(pd.read_csv(tmp_path / "products.csv", dtype=str)["product_id"])
     check_exactly_once(out, ids)
     assert manifest["counts"]["reused"] >= 8  # the chunk committed before the crash was not redone

@@ -61,10 +61,10 @@ def test_flow_retries_cut_off_items_and_publishes_each_item_once(tmp_path, prefe
     assert stand_in.calls == [16, 4, 16, 4]  # chunk_size 16: two calls per pass, two passes
 
     out = tmp_path / "out"
-    results = pd.read_parquet(out / "results.parquet")
+    results = pd.read_parquet(out / "current" / "results.parquet")
     assert sorted(results["item_id"]) == sorted(f"p{i:05d}" for i in range(1, 21))
     assert set(results["attempt"]) == {2} and set(results["max_tokens"]) == {24}
-    assert json.loads((out / "manifest.json").read_text())["counts"] == counts
+    assert json.loads((out / "current" / "manifest.json").read_text())["counts"] == counts
     assert manifest["flow_name"] == "batch-generation"
 
     # The run is a Prefect flow run with its summary artifact.
@@ -115,7 +115,7 @@ def test_rejections_from_every_stage_are_published_with_reasons(tmp_path, prefec
         "output": {"dir": str(tmp_path / "out")},
     })
     manifest = batch_generation(job)
-    rejected = pd.read_parquet(tmp_path / "out" / "rejected.parquet")
+    rejected = pd.read_parquet(tmp_path / "out" / "current" / "rejected.parquet")
     reasons = {row.item_id: list(row.reasons) for row in rejected.itertuples()}
     assert reasons["b"] == ["missing_field"]
     assert reasons["line-3"] == ["invalid_json"]

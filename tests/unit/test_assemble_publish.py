@@ -165,22 +165,23 @@ def test_publish_writes_every_file(scenario, tmp_path):
     out = tmp_path / "out"
     manifest = publish_scenario(scenario, out)
 
-    names = sorted(p.name for p in out.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == [".batchgen", "current", "publications"]
+    names = sorted(p.name for p in (out / "current").iterdir())
     assert names == sorted(["results.parquet", "rejected.parquet", "attempts.parquet", "validation.json",
                             "manifest.json", "results.jsonl", "rejected.jsonl", "attempts.jsonl"])
-    assert json.loads((out / "manifest.json").read_text(encoding="utf-8")) == manifest
+    assert json.loads((out / "current" / "manifest.json").read_text(encoding="utf-8")) == manifest
     assert manifest["job"] == "unit" and manifest["counts"] == {"items": 6}
-    assert json.loads((out / "validation.json").read_text(encoding="utf-8"))[0]["success"] is False
-    assert pq.read_table(out / "results.parquet").num_rows == 2
-    assert pq.read_table(out / "rejected.parquet").num_rows == 4
-    assert pq.read_table(out / "attempts.parquet").num_rows == len(scenario.attempts)
-    assert pq.read_table(out / "attempts.parquet").schema.equals(attempts_schema())
+    assert json.loads((out / "current" / "validation.json").read_text(encoding="utf-8"))[0]["success"] is False
+    assert pq.read_table(out / "current" / "results.parquet").num_rows == 2
+    assert pq.read_table(out / "current" / "rejected.parquet").num_rows == 4
+    assert pq.read_table(out / "current" / "attempts.parquet").num_rows == len(scenario.attempts)
+    assert pq.read_table(out / "current" / "attempts.parquet").schema.equals(attempts_schema())
 
 
 def test_publish_without_jsonl_writes_no_mirrors(scenario, tmp_path):
     out = tmp_path / "out"
     manifest = publish_scenario(scenario, out, jsonl=False)
-    assert not list(out.glob("*.jsonl"))
+    assert not list((out / "current").glob("*.jsonl"))
     assert sorted(manifest["files"]) == ["attempts.parquet", "rejected.parquet", "results.parquet",
                                          "validation.json"]
 
@@ -190,8 +191,8 @@ def test_parquet_and_jsonl_rows_agree(scenario, tmp_path, stem):
     out = tmp_path / "out"
     publish_scenario(scenario, out)
 
-    from_parquet = pq.read_table(out / f"{stem}.parquet").to_pylist()
-    lines = (out / f"{stem}.jsonl").read_text(encoding="utf-8").splitlines()
+    from_parquet = pq.read_table(out / "current" / f"{stem}.parquet").to_pylist()
+    lines = (out / "current" / f"{stem}.jsonl").read_text(encoding="utf-8").splitlines()
     from_jsonl = [json.loads(line) for line in lines]
 
     assert len(from_parquet) == len(from_jsonl) > 0
@@ -201,8 +202,8 @@ def test_parquet_and_jsonl_rows_agree(scenario, tmp_path, stem):
 def test_published_rows_hold_the_values(scenario, tmp_path):
     out = tmp_path / "out"
     publish_scenario(scenario, out)
-    results = {r["item_id"]: r for r in pq.read_table(out / "results.parquet").to_pylist()}
-    rejected = {r["item_id"]: r for r in pq.read_table(out / "rejected.parquet").to_pylist()}
+    results = {r["item_id"]: r for r in pq.read_table(out / "current" / "results.parquet").to_pylist()}
+    rejected = {r["item_id"]: r for r in pq.read_table(out / "current" / "rejected.parquet").to_pylist()}
 
     assert results["p1"]["candidate"] == 1
     assert results["p1"]["input"] == {"name": "耳机", "feature": "降噪"}
@@ -215,11 +216,11 @@ def test_published_rows_hold_the_values(scenario, tmp_path):
 def test_jsonl_keeps_non_ascii_characters(scenario, tmp_path):
     out = tmp_path / "out"
     publish_scenario(scenario, out)
-    raw = (out / "results.jsonl").read_bytes()
+    raw = (out / "current" / "results.jsonl").read_bytes()
     assert "耳机".encode("utf-8") in raw
     assert "这款耳机降噪出色".encode("utf-8") in raw
     assert b"\\u" not in raw
-    assert "耳机".encode("utf-8") in (out / "attempts.jsonl").read_bytes()
+    assert "耳机".encode("utf-8") in (out / "current" / "attempts.jsonl").read_bytes()
 
 
 def test_manifest_records_the_sha256_and_rows_of_each_file(scenario, tmp_path):
@@ -230,7 +231,7 @@ def test_manifest_records_the_sha256_and_rows_of_each_file(scenario, tmp_path):
     assert sorted(files) == sorted(["results.parquet", "results.jsonl", "rejected.parquet", "rejected.jsonl",
                                     "attempts.parquet", "attempts.jsonl", "validation.json"])
     for name, entry in files.items():
-        assert entry["sha256"] == hashlib.sha256((out / name).read_bytes()).hexdigest(), name
+        assert entry["sha256"] == hashlib.sha256((out / "current" / name).read_bytes()).hexdigest(), name
     assert files["results.parquet"]["rows"] == files["results.jsonl"]["rows"] == 2
     assert files["rejected.parquet"]["rows"] == 4
     assert files["attempts.parquet"]["rows"] == len(scenario.attempts)
@@ -239,8 +240,10 @@ def test_manifest_records_the_sha256_and_rows_of_each_file(scenario, tmp_path):
 def test_publish_leaves_no_temporary_files(scenario, tmp_path):
     out = tmp_path / "out"
     publish_scenario(scenario, out)
-    publish_scenario(scenario, out)  # publishing again replaces the files in place
-    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+    publish_scenario(scenario, out)  # publishing again adds a publication and switches to it
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".batchgen"]
+    for publication in (out / "publications").iterdir():
+        assert [p.name for p in publication.iterdir() if p.name.startswith(".")] == []
 
 
 def test_republish_replaces_the_previous_publication(scenario, tmp_path):
@@ -248,10 +251,10 @@ def test_republish_replaces_the_previous_publication(scenario, tmp_path):
     publish_scenario(scenario, out)
     scenario.attempts = scenario.attempts[scenario.attempts["item_id"] != "p3"]
     manifest = publish_scenario(scenario, out)
-    rejected = {r["item_id"]: r for r in pq.read_table(out / "rejected.parquet").to_pylist()}
+    rejected = {r["item_id"]: r for r in pq.read_table(out / "current" / "rejected.parquet").to_pylist()}
     assert rejected["p3"]["reasons"] == ["not_generated"]
     assert manifest["files"]["rejected.parquet"]["sha256"] == hashlib.sha256(
-        (out / "rejected.parquet").read_bytes()).hexdigest()
+        (out / "current" / "rejected.parquet").read_bytes()).hexdigest()
 
 
 def test_input_with_an_empty_csv_cell_publishes(tmp_path):
@@ -265,7 +268,7 @@ def test_input_with_an_empty_csv_cell_publishes(tmp_path):
 
     publish(tmp_path / "out", result.accepted, result.rejected, attempts, [], {}, True)
 
-    rows = {r["item_id"]: r for r in pq.read_table(tmp_path / "out" / "results.parquet").to_pylist()}
+    rows = {r["item_id"]: r for r in pq.read_table(tmp_path / "out" / "current" / "results.parquet").to_pylist()}
     assert rows["p1"]["input"] == {"product_id": "p1", "name": "Mug", "note": None}
     assert rows["p2"]["input"]["note"] == "waterproof"
 
@@ -285,7 +288,7 @@ def test_row_rejected_for_an_empty_field_publishes(tmp_path, tokenizer):
 
     publish(tmp_path / "out", result.accepted, result.rejected, attempts, [], {}, True)
 
-    [rejected] = pq.read_table(tmp_path / "out" / "rejected.parquet").to_pylist()
+    [rejected] = pq.read_table(tmp_path / "out" / "current" / "rejected.parquet").to_pylist()
     assert (rejected["item_id"], rejected["reasons"]) == ("p2", ["missing_field"])
     assert rejected["input"] == {"product_id": "p2", "name": "Boots", "feature": None}
 

@@ -1,0 +1,170 @@
+"""Publishing is atomic as a set: readers of <out>/current see one whole publication, never a mix.
+
+Crashes are real: an exception injected at each step of a publication, and a publishing
+process killed with SIGKILL at arbitrary moments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from batchgen import publish as publishing
+from batchgen.assemble import ACCEPTED_FIELDS, REJECTED_FIELDS
+from batchgen.publish import PublishError, commit, current_publication, publish, stage, verify_publication
+from batchgen.schema import attempts_schema
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dataset(version: int, n: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """n accepted items whose every text says which version wrote it."""
+    accepted = pd.DataFrame({
+        "item_id": [f"i{k}" for k in range(n)], "row_number": range(2, n + 2), "candidate": 0, "attempt": 1,
+        "strategy": "first", "text": [f"v{version} text of item {k} " + "x" * 40 for k in range(n)],
+        "finish_reason": "stop", "n_prompt_tokens": 3, "n_output_tokens": 5, "cumulative_logprob": -1.0,
+        "max_tokens": 16, "request_id": [str(k) for k in range(n)], "prompt": "p",
+        "input": [{"name": f"n{k}", "price": k} for k in range(n)],
+    })[ACCEPTED_FIELDS]
+    rejected = pd.DataFrame({name: [] for name in REJECTED_FIELDS})
+    attempts = pd.DataFrame({name: [] for name in attempts_schema().names})
+    return accepted, rejected, attempts
+
+
+def publish_version(out: Path, version: int, n: int, keep: int = 3) -> dict:
+    accepted, rejected, attempts = dataset(version, n)
+    return publish(out, accepted, rejected, attempts, [], {"job": "atomic", "version": version,
+                                                           "counts": {"accepted": n}}, True, keep)
+
+
+def read_current(out: Path) -> tuple[int, int]:
+    """What a careful reader does: resolve `current` once, verify the manifest, read from there."""
+    directory = current_publication(out)
+    manifest = verify_publication(directory)
+    texts = pq.read_table(directory / "results.parquet", columns=["text"]).column("text").to_pylist()
+    version = manifest["version"]
+    assert len(texts) == manifest["counts"]["accepted"] == manifest["files"]["results.parquet"]["rows"]
+    assert all(t.startswith(f"v{version} ") for t in texts), "a publication mixes two runs' rows"
+    return version, len(texts)
+
+
+def test_commit_switches_current_and_keeps_the_last_k(tmp_path):
+    out = tmp_path / "out"
+    names = []
+    for version in range(5):
+        names.append(publish_version(out, version, 10 + version, keep=2)["publication"])
+        assert read_current(out) == (version, 10 + version)
+    assert os.readlink(out / "current") == f"publications/{names[-1]}"  # relative: the folder can move
+    assert sorted(p.name for p in (out / "publications").iterdir()) == names[-2:]
+    assert json.loads((out / ".batchgen" / "publications.json").read_text()) == names[-2:]
+
+
+def test_staged_publication_is_invisible_until_commit(tmp_path):
+    out = tmp_path / "out"
+    publish_version(out, 1, 5)
+    accepted, rejected, attempts = dataset(2, 7)
+    manifest, staging = stage(out, accepted, rejected, attempts, [], {"version": 2, "counts": {"accepted": 7}},
+                              False)
+    (staging / "report.html").write_text("<html>run 2</html>")  # what a report step adds before the commit
+    assert read_current(out) == (1, 5)
+    commit(out, staging)
+    assert read_current(out) == (2, 7)
+    assert (out / "current" / "report.html").read_text() == "<html>run 2</html>"
+
+
+def test_commit_refuses_a_directory_that_is_not_a_staged_publication(tmp_path):
+    out = tmp_path / "out"
+    publish_version(out, 1, 3)
+    stray = tmp_path / "elsewhere"
+    stray.mkdir()
+    with pytest.raises(PublishError, match="not a staged publication"):
+        commit(out, stray)
+    assert read_current(out) == (1, 3)
+
+
+@pytest.mark.parametrize("step", ["results", "jsonl mirror", "manifest", "symlink", "switch"])
+def test_crash_at_any_step_leaves_the_previous_publication(tmp_path, monkeypatch, step):
+    out = tmp_path / "out"
+    publish_version(out, 1, 50)
+
+    def boom(*args, **kwargs):
+        raise OSError(f"injected crash at {step}")
+
+    if step == "results":
+        monkeypatch.setattr(publishing, "write_atomic", boom)
+    elif step == "jsonl mirror":
+        monkeypatch.setattr(publishing, "_jsonl", boom)
+    elif step == "manifest":
+        real = publishing.write_text_atomic
+        monkeypatch.setattr(publishing, "write_text_atomic",
+                            lambda text, path: boom() if path.name == "manifest.json" else real(text, path))
+    elif step == "symlink":
+        monkeypatch.setattr(publishing.os, "symlink", boom)
+    else:  # the rename of the temporary link onto `current`
+        real_replace = os.replace
+        monkeypatch.setattr(publishing.os, "replace",
+                            lambda src, dst: boom() if Path(dst).name == "current" else real_replace(src, dst))
+    with pytest.raises(OSError, match="injected crash"):
+        publish_version(out, 2, 80)
+    monkeypatch.undo()
+
+    assert read_current(out) == (1, 50)
+    assert [p.name for p in out.iterdir() if p.name.startswith(".current")] == []  # no temporary link left
+    publish_version(out, 3, 60)  # the next run publishes normally and clears the crashed staging
+    assert read_current(out) == (3, 60)
+    assert len(list((out / "publications").iterdir())) == 2
+
+
+PUBLISHER = """
+import sys
+from pathlib import Path
+from tests.unit.test_publish_atomic import publish_version
+out = Path(sys.argv[1])
+version = int(sys.argv[2])
+while True:
+    version += 1
+    publish_version(out, version, 8000 + 500 * (version % 7), keep=2)
+    print(version, flush=True)
+"""
+
+
+def test_sigkill_while_publishing_never_leaves_a_mixed_or_partial_set(tmp_path):
+    out = tmp_path / "out"
+    publish_version(out, 0, 100)
+    version, mid_publication = 0, 0
+    for delay in (0.05, 0.2, 0.45, 0.7):
+        process = subprocess.Popen([sys.executable, "-c", PUBLISHER, str(out), str(version)], cwd=ROOT,
+                                   stdout=subprocess.PIPE, text=True)
+        assert process.stdout.readline().strip()  # one publication committed; now kill it at some point after
+        time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        committed = json.loads((out / ".batchgen" / "publications.json").read_text())
+        mid_publication += any(p.name not in committed for p in (out / "publications").iterdir())
+        version, rows = read_current(out)  # verifies every hash: complete, and from one run only
+        assert rows == 8000 + 500 * (version % 7)
+    assert mid_publication >= 1  # at least one kill landed while a publication was being written
+
+
+def test_input_columns_whose_types_vary_by_row_publish_as_json_text(tmp_path):
+    # JSONL rows may hold a number in one row and text or a list in the next; an unused column must not
+    # fail the publication after hours of generation.
+    accepted, rejected, attempts = dataset(1, 3)
+    accepted["input"] = [{"name": "Mug", "size": 350, "tags": ["a"]},
+                         {"name": "Boots", "size": "large", "tags": {}},
+                         {"name": "Lamp", "size": None, "tags": "c"}]
+    out = tmp_path / "out"
+    publish(out, accepted, rejected, attempts, [], {"version": 1, "counts": {"accepted": 3}}, True)
+    inputs = [row["input"] for row in pq.read_table(out / "current" / "results.parquet").to_pylist()]
+    assert inputs == [{"name": "Mug", "size": "350", "tags": '["a"]'},
+                      {"name": "Boots", "size": '"large"', "tags": "{}"},
+                      {"name": "Lamp", "size": None, "tags": '"c"'}]
