@@ -63,21 +63,32 @@ def run(
     limit: LimitOpt = None,
     set_: SetOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show library logs too.")] = False,
+    retries: Annotated[Optional[int], typer.Option(
+        "--retries", min=0, help="Retries of the whole run after a failure (default 1); each resumes from "
+        "the committed results.")] = None,
 ) -> None:
     """Run a job: the batch-generation Prefect flow, end to end."""
     _quiet_libraries(verbose)
     spec = _load(job, limit, set_)
-    from batchgen.items import DataError, check_input
+    from batchgen.items import DataError, load_items
     from batchgen.job import JobError
+    from batchgen.prompts import check_keyword_column, check_template_columns
 
+    # Before a Prefect server and an engine are started for nothing, and before the flow's
+    # retry would repeat a failure that no retry can mend.
     try:
-        check_input(spec.input)  # before a Prefect server and an engine are started for nothing
+        columns = load_items(spec.input).columns
+        check_template_columns(spec.prompt, columns, spec.input.path)
+        check_keyword_column(spec.expectations.keyword_column, columns)
+    except JobError as exc:
+        _fail(EXIT_BAD_JOB, str(exc))
     except DataError as exc:
         _fail(EXIT_BAD_DATA, str(exc))
     from flows.batch_generation import batch_generation
 
     try:
-        manifest = batch_generation(spec)
+        flow_fn = batch_generation if retries is None else batch_generation.with_options(retries=retries)
+        manifest = flow_fn(spec)
     except JobError as exc:
         _fail(EXIT_BAD_JOB, str(exc))
     except DataError as exc:

@@ -45,7 +45,13 @@ def resolve_job(job: JobSpec | str | dict, limit: int | None = None, max_tokens:
     return load_job(job, overrides=extra)
 
 
-@flow(name="batch-generation", log_prints=True)
+# A failed run is retried once as a whole: the retry resumes from the result store, so it
+# regenerates only what the failed attempt had not committed. Change with
+# batch_generation.with_options(retries=..., retry_delay_seconds=...) or `batchgen run --retries`.
+FLOW_RETRIES, FLOW_RETRY_DELAY_SECONDS = 1, 10
+
+
+@flow(name="batch-generation", log_prints=True, retries=FLOW_RETRIES, retry_delay_seconds=FLOW_RETRY_DELAY_SECONDS)
 def batch_generation(
     job: JobSpec | str,
     limit: int | None = None,

@@ -122,3 +122,49 @@ def test_rejections_from_every_stage_are_published_with_reasons(tmp_path, prefec
     assert reasons["a@row-4"] == ["duplicate_id"]
     assert reasons["a"] == ["must_not_match"] and reasons["c"] == ["must_not_match"]
     assert manifest["counts"]["items"] == 5 and manifest["counts"]["accepted"] == 0
+
+
+class FailingTwice(StandInLLM):
+    """Dies on every chunk after the first, twice: the generate task and its own retry fail, so the flow fails."""
+
+    def __init__(self):
+        super().__init__()
+        self.failures = 0
+
+    def generate(self, prompts, params, use_tqdm=False):
+        if self.calls and self.failures < 2:
+            self.failures += 1
+            self.calls.append(-len(prompts))
+            raise RuntimeError("engine died (stand-in)")
+        return super().generate(prompts, params, use_tqdm)
+
+
+def test_flow_retry_resumes_from_committed_chunks_and_publishes_once(tmp_path, prefect_server, monkeypatch):
+    import asyncio
+
+    from prefect import get_client
+    from flows.batch_generation import batch_generation
+
+    llm = FailingTwice()
+    monkeypatch.setattr("tasks.generate.get_engine", lambda spec: SimpleNamespace(llm=llm))
+    job = job_from_dict(product_job(tmp_path, 20, sampling={"max_tokens": 30}, expectations={"keyword_column": None},
+                                    retry={"max_passes": 0}))
+    assert batch_generation.retries == 1  # the flow's own default
+    manifest = batch_generation.with_options(retry_delay_seconds=0)(job)
+
+    # attempt 1: chunk 1 (16) committed, chunk 2 fails; the task's retry fails again; the flow retry
+    # reuses the 16 committed results and generates only the last 4.
+    assert llm.calls == [16, -4, -4, 4]
+    assert manifest["counts"]["reused"] == 16 and manifest["counts"]["accepted"] == 20
+    out = tmp_path / "out"
+    assert [p.name for p in (out / "publications").iterdir()] == [manifest["publication"]]  # published once
+    assert json.loads((out / ".batchgen" / "publications.json").read_text()) == [manifest["publication"]]
+    assert sorted(pd.read_parquet(out / "current" / "results.parquet")["item_id"]) == [
+        f"p{i:05d}" for i in range(1, 21)]
+
+    async def read_run():
+        async with get_client() as client:
+            return await client.read_flow_run(manifest["flow_run_id"])
+
+    run = asyncio.run(read_run())
+    assert run.state.is_completed() and run.run_count == 2  # one flow run, retried once by Prefect
