@@ -12,7 +12,7 @@ export BATCHGEN_CACHE ?= $(CURDIR)/.cache
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export GX_ANALYTICS_ENABLED ?= false
 
-.PHONY: setup demo demo-zh test test-fast check bench clean
+.PHONY: setup browser demo demo-zh test test-fast check bench clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,14 @@ $(STAMP): pyproject.toml requirements-cpu.lock
 	$(PY) -m pip install --quiet --no-deps -e .
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
+
+# Headless Chromium for the browser tests: Debian's package, driven by Playwright (which never downloads one).
+browser:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	fi
 
 examples/data/products.csv: examples/make_products.py | $(STAMP)
 	$(PY) examples/make_products.py
@@ -41,7 +49,7 @@ check: setup examples/data/products.csv
 bench: setup examples/data/products.csv
 	$(PY) -m benchmarks.run
 
-test: setup
+test: setup browser
 	$(PY) -m pytest
 
 test-fast: setup

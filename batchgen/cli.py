@@ -1,6 +1,7 @@
 """The `batchgen` command line.
 
-Exit codes: 0 success, 1 the run failed, 2 the job is not valid, 3 the input data cannot be read.
+Exit codes: 0 success, 1 the run failed, 2 the job is not valid, 3 the input data cannot be read,
+4 the directory given to `report` is not a publication.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-EXIT_RUN_FAILED, EXIT_BAD_JOB, EXIT_BAD_DATA = 1, 2, 3
+EXIT_RUN_FAILED, EXIT_BAD_JOB, EXIT_BAD_DATA, EXIT_NOT_PUBLICATION = 1, 2, 3, 4
 
 app = typer.Typer(
     name="batchgen",
@@ -145,6 +146,31 @@ def check(
         },
     }
     typer.echo(json.dumps(report, indent=2, ensure_ascii=False))
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(
+        metavar="RUN_DIR", help="A finished run's output: the job's output.dir (its `current` publication is used) or one "
+             "publication directory (holding manifest.json).", show_default=False)],
+) -> None:
+    """Rebuild the run report of a finished run: report.html and the GX Data Docs (data_docs/) in its publication.
+
+    Reads only the publication's files (manifest.json, the results, rejected and attempts Parquet files,
+    validation.json): no engine, no Prefect server. Prints the path of report.html.
+    Exit code 4 if RUN_DIR is not a publication.
+    """
+    _quiet_libraries(False)
+    from batchgen.report import NotAPublicationError, write_report
+
+    target = run_dir
+    if not (run_dir / "manifest.json").exists() and (run_dir / "current" / "manifest.json").exists():
+        target = (run_dir / "current").resolve()  # the output folder: its current publication
+    try:
+        path = write_report(target)
+    except NotAPublicationError as exc:
+        _fail(EXIT_NOT_PUBLICATION, str(exc))
+    typer.echo(str(path))
 
 
 def main() -> None:

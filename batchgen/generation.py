@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 import pandas as pd
@@ -77,7 +78,8 @@ def first_pass_requests(prompts: pd.DataFrame, sampling: SamplingSpec) -> list[G
     ]
 
 
-def output_rows(request: GenRequest, output: Any, key: str, seconds: float) -> list[dict[str, Any]]:
+def output_rows(request: GenRequest, output: Any, key: str, seconds: float,
+                finished_at: datetime | None = None) -> list[dict[str, Any]]:
     """Flatten one vLLM RequestOutput into rows, keeping every field the seeds list."""
     rows = []
     for completion in output.outputs:
@@ -106,6 +108,7 @@ def output_rows(request: GenRequest, output: Any, key: str, seconds: float) -> l
             "stop_reason": None if completion.stop_reason is None else str(completion.stop_reason),
             "max_tokens": request.max_tokens,
             "chunk_seconds": seconds,
+            "chunk_finished_at": finished_at,
         })
     return rows
 
@@ -164,8 +167,9 @@ def run_requests(
         bar = progress(finished, len(keyed)) if progress is not None else False
         outputs = llm.generate(prompts, params, use_tqdm=bar)
         seconds = time.perf_counter() - started
+        finished_at = datetime.now(timezone.utc)
         new_rows = [row for (key, request), output in zip(chunk, outputs)
-                    for row in output_rows(request, output, key, seconds)]
+                    for row in output_rows(request, output, key, seconds, finished_at)]
         rows.extend(new_rows)
         finished += len(chunk)
         if on_chunk is not None:

@@ -27,6 +27,7 @@ ATTEMPT_SCHEMA = pa.schema([
     ("stop_reason", pa.string()),
     ("max_tokens", pa.int32()),
     ("chunk_seconds", pa.float64()),
+    ("chunk_finished_at", pa.timestamp("us", tz="UTC")),  # wall clock: throughput over the run
 ])
 
 VERDICT_FIELDS = [("passed", pa.bool_()), ("failed", pa.list_(pa.string()))]

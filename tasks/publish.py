@@ -17,6 +17,7 @@ from batchgen.items import LoadedItems
 from batchgen.job import JobSpec
 from batchgen.manifest import build_manifest
 from batchgen.publish import CURRENT, commit, stage
+from batchgen.report import report_markdown, write_report
 from batchgen.retry import latest_attempts
 from batchgen.summary import summary_markdown
 from tasks.prompts import PromptStep
@@ -48,8 +49,10 @@ def publish_task(
                              job.output.jsonl)
     # Anything else that belongs to this publication is written into `staging` here, before the commit,
     # so that readers of <out>/current see it together with the data or not at all.
+    write_report(staging)  # report.html and data_docs/ belong to this publication
     published = commit(out_dir, staging, job.output.keep)
-    create_markdown_artifact(markdown=summary_markdown(written), key=_artifact_key(job.name),
+    create_markdown_artifact(markdown=summary_markdown(written) + report_markdown(published),
+                             key=_artifact_key(job.name),
                              description=f"{job.name}: run summary")
     counts = written["counts"]
     print(f"publish: {counts['accepted']} accepted, {counts['rejected']} rejected of {counts['items']} items "

@@ -10,6 +10,7 @@ import pytest
 import batchgen.engine
 from batchgen.job import job_from_dict
 from tests.conftest import product_job, write_products
+from tests.e2e.report_checks import check_report_in_browser
 
 pytestmark = pytest.mark.engine
 
@@ -83,6 +84,9 @@ def test_small_budget_is_retried_and_every_item_is_published_once(tmp_path, pref
     assert manifest["flow_name"] == "batch-generation"
     published = json.loads((out / "current" / "manifest.json").read_text())
     assert published["files"]["results.parquet"]["rows"] == len(results)
+
+    # The run report, opened offline in headless Chromium: charts render, figures are the manifest's.
+    check_report_in_browser(out, manifest, "report-engine-run")
 
     # A rerun of the unchanged job regenerates nothing and publishes the same dataset.
     again = batch_generation(job)

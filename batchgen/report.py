@@ -1,0 +1,519 @@
+"""The run report: `report.html` (offline, charts embedded) and GX Data Docs in a publication directory.
+
+Everything here is a function of the publication directory alone (manifest.json, the
+Parquet tables, validation.json), so `batchgen report RUN_DIR` rebuilds exactly what the
+publish step wrote. Charts are matplotlib PNGs inlined as data URIs: the page needs no
+network and no JavaScript. Data Docs come from GX's own site builder, written into
+`data_docs/` with relative links, so the folder can be moved or copied as a whole.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from batchgen.publish import ATTEMPTS, MANIFEST, REJECTED, RESULTS, VALIDATION, write_text_atomic
+
+REPORT = "report.html"
+DATA_DOCS = "data_docs"
+SAMPLE_SIZE = 10
+
+log = logging.getLogger("batchgen.report")
+
+
+class NotAPublicationError(ValueError):
+    """The directory does not hold a complete batchgen publication."""
+
+
+@dataclass
+class Publication:
+    root: Path
+    manifest: dict[str, Any]
+    results: pd.DataFrame
+    rejected: pd.DataFrame
+    attempts: pd.DataFrame
+    validation: list[dict[str, Any]]
+
+
+def _read(path: Path, columns: list[str]) -> pd.DataFrame:
+    present = set(pq.read_schema(path).names)
+    return pq.read_table(path, columns=[c for c in columns if c in present]).to_pandas()
+
+
+def load_publication(run_dir: Path) -> Publication:
+    """Read what the report needs; a missing or unreadable file is a NotAPublicationError naming it."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise NotAPublicationError(f"{root} is not a directory")
+    missing = [name for name in (MANIFEST, RESULTS, REJECTED, ATTEMPTS, VALIDATION) if not (root / name).is_file()]
+    if missing:
+        raise NotAPublicationError(f"{root} is not a batchgen publication: missing {', '.join(missing)}")
+    try:
+        manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+        validation = json.loads((root / VALIDATION).read_text(encoding="utf-8"))
+        results = _read(root / RESULTS, ["item_id", "row_number", "attempt", "text", "finish_reason",
+                                         "n_output_tokens"])
+        rejected = _read(root / REJECTED, ["item_id", "row_number", "stage", "reasons", "detail", "attempt", "text",
+                                           "finish_reason", "n_output_tokens"])
+        attempts = _read(root / ATTEMPTS, ["item_id", "candidate", "attempt", "finish_reason", "new_output_tokens",
+                                           "chunk_seconds", "chunk_finished_at", "passed", "failed"])
+    except (OSError, ValueError) as exc:
+        raise NotAPublicationError(f"{root}: cannot read the publication: {exc}") from exc
+    if not isinstance(manifest, dict) or "counts" not in manifest:
+        raise NotAPublicationError(f"{root / MANIFEST} has no counts: not a batchgen manifest")
+    if isinstance(validation, dict):
+        validation = [validation]
+    return Publication(root, manifest, results, rejected, attempts, validation)
+
+
+# ---------------------------------------------------------------- figures
+
+
+def pass_label(index: int) -> str:
+    """validation.json holds one result per pass, in order: the first pass, then each retry pass."""
+    return "first pass" if index == 0 else f"retry {index}"
+
+
+def finish_reasons_per_attempt(attempts: pd.DataFrame) -> pd.DataFrame:
+    """Rows: attempt number; columns: finish reason; values: outputs."""
+    if attempts.empty:
+        return pd.DataFrame()
+    table = pd.crosstab(attempts["attempt"].astype(int), attempts["finish_reason"].fillna("unknown"))
+    table.columns.name = None
+    return table
+
+
+def pass_rate_per_expectation(validation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per (pass, expectation): rows checked, rows failed, pass rate."""
+    lines = []
+    for index, result in enumerate(validation):
+        for outcome in result.get("results", []):
+            config = outcome.get("expectation_config", {})
+            res = outcome.get("result", {}) or {}
+            total, failed = res.get("element_count"), res.get("unexpected_count")
+            lines.append({
+                "pass": pass_label(index),
+                "expectation": (config.get("meta") or {}).get("batchgen_id", config.get("type")),
+                "description": config.get("description") or config.get("type"),
+                "rows": total,
+                "failed": failed,
+                "pass_rate": round(1 - failed / total, 4) if total and failed is not None else None,
+            })
+    return lines
+
+
+def output_lengths(pub: Publication) -> pd.DataFrame:
+    """Characters of every published output: accepted, and rejected ones that have a text."""
+    accepted = pd.DataFrame({"chars": pub.results["text"].fillna("").str.len(), "status": "accepted"})
+    texts = pub.rejected["text"].dropna()
+    rejected = pd.DataFrame({"chars": texts.str.len(), "status": "rejected"})
+    return pd.concat([accepted, rejected], ignore_index=True)
+
+
+def throughput(pub: Publication) -> pd.DataFrame:
+    """One row per engine chunk generated in this run: seconds since the run started, tokens/s, cumulative tokens."""
+    attempts = pub.attempts
+    if attempts.empty or "chunk_finished_at" not in attempts or attempts["chunk_finished_at"].isna().all():
+        return pd.DataFrame(columns=["seconds", "tokens", "tokens_per_second", "cumulative_tokens"])
+    started = pd.Timestamp(pub.manifest["started_at"])
+    timed = attempts.dropna(subset=["chunk_finished_at"])
+    timed = timed[timed["chunk_finished_at"] >= started]  # results reused from earlier runs are not this run's work
+    chunks = (timed.groupby("chunk_finished_at")
+              .agg(tokens=("new_output_tokens", "sum"), chunk_seconds=("chunk_seconds", "first"))
+              .sort_index().reset_index())
+    chunks["seconds"] = (chunks["chunk_finished_at"] - started).dt.total_seconds()
+    chunks["tokens_per_second"] = chunks["tokens"] / chunks["chunk_seconds"].where(chunks["chunk_seconds"] > 0)
+    chunks["cumulative_tokens"] = chunks["tokens"].cumsum()
+    return chunks[["seconds", "tokens", "tokens_per_second", "cumulative_tokens"]]
+
+
+def samples(pub: Publication, size: int = SAMPLE_SIZE) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A fixed-seed sample of accepted and of rejected rows, in input order."""
+    def pick(frame: pd.DataFrame) -> list[dict[str, Any]]:
+        chosen = frame.sample(n=min(size, len(frame)), random_state=0) if len(frame) > size else frame
+        chosen = chosen.sort_values("row_number", na_position="last")
+        return chosen.astype(object).where(chosen.notna(), None).to_dict(orient="records")
+
+    rejected = pub.rejected.copy()
+    rejected["reasons"] = rejected["reasons"].map(lambda r: [] if r is None else list(r))
+    return pick(pub.results), pick(rejected)
+
+
+# ---------------------------------------------------------------- charts
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _figure(width: float = 6.4, height: float = 3.4):
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, height))
+    ax.spines[["top", "right"]].set_visible(False)
+    return fig, ax
+
+
+def _empty(ax, message: str) -> None:
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color="#666")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def chart_finish_reasons(table: pd.DataFrame) -> str:
+    fig, ax = _figure()
+    if table.empty:
+        _empty(ax, "no outputs were generated")
+    else:
+        bottom = [0] * len(table)
+        labels = [pass_label(int(a) - 1) + f"\n(attempt {int(a)})" for a in table.index]
+        colours = {"stop": "#2e7d32", "length": "#e65100", "abort": "#6a1b9a"}
+        for reason in table.columns:
+            values = list(table[reason])
+            bars = ax.bar(labels, values, bottom=bottom, label=reason, color=colours.get(reason))
+            ax.bar_label(bars, labels=[str(v) if v else "" for v in values], label_type="center", color="white")
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_ylabel("outputs")
+        ax.legend(title="finish reason", frameon=False)
+    ax.set_title("Finish reasons per attempt")
+    return _png(fig)
+
+
+def chart_lengths(lengths: pd.DataFrame, min_chars: int | None, max_chars: int | None) -> str:
+    fig, ax = _figure()
+    if lengths.empty:
+        _empty(ax, "no outputs")
+    else:
+        import numpy as np
+
+        top = max(int(lengths["chars"].max()), max_chars or 0, min_chars or 0, 1)
+        bins = np.linspace(0, top * 1.02 + 1, 31)
+        groups = [lengths.loc[lengths["status"] == s, "chars"] for s in ("accepted", "rejected")]
+        ax.hist(groups, bins=bins, stacked=True, label=["accepted", "rejected"], color=["#1565c0", "#c62828"])
+        for bound, name in ((min_chars, "min_chars"), (max_chars, "max_chars")):
+            if bound is not None:
+                ax.axvline(bound, color="black", linestyle="--", linewidth=1.2)
+                ax.annotate(f"{name} = {bound}", (bound, 1), xycoords=("data", "axes fraction"),
+                            xytext=(4, -12), textcoords="offset points", fontsize=9)
+        ax.set_xlabel("characters")
+        ax.set_ylabel("outputs")
+        ax.legend(frameon=False)
+    ax.set_title("Output length against the expected bounds")
+    return _png(fig)
+
+
+def chart_expectations(lines: list[dict[str, Any]]) -> str:
+    fig, ax = _figure()
+    rated = [line for line in lines if line["pass_rate"] is not None]
+    if not rated:
+        _empty(ax, "no expectation was evaluated")
+    else:
+        import numpy as np
+
+        passes = list(dict.fromkeys(line["pass"] for line in rated))
+        names = list(dict.fromkeys(line["expectation"] for line in rated))
+        width = 0.8 / len(passes)
+        for i, name in enumerate(passes):
+            values = {line["expectation"]: 100 * line["pass_rate"] for line in rated if line["pass"] == name}
+            xs = np.arange(len(names)) + i * width - 0.4 + width / 2
+            heights = [values.get(n, 0) for n in names]
+            bars = ax.bar(xs, heights, width, label=f"{name}")
+            ax.bar_label(bars, labels=[f"{values[n]:.0f}%" if n in values else "" for n in names], fontsize=7,
+                         rotation=90 if len(passes) > 2 else 0, padding=2)
+        ax.set_xticks(range(len(names)), names)
+        ax.set_ylim(0, 112)
+        ax.set_ylabel("rows passing (%)")
+        ax.legend(frameon=False, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(passes))
+    ax.set_title("Pass rate per expectation")
+    return _png(fig)
+
+
+def chart_throughput(chunks: pd.DataFrame) -> str:
+    fig, ax = _figure()
+    if chunks.empty:
+        _empty(ax, "no engine chunk finished in this run\n(all results reused, or no chunk times recorded)")
+    else:
+        ax.plot(chunks["seconds"], chunks["cumulative_tokens"], marker="o", color="#1565c0")
+        ax.set_xlabel("seconds since the run started")
+        ax.set_ylabel("output tokens (cumulative)", color="#1565c0")
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+        rate = ax.twinx()
+        rate.step(chunks["seconds"], chunks["tokens_per_second"], where="pre", color="#e65100")
+        rate.set_ylabel("output tokens/s per engine chunk", color="#e65100")
+        rate.set_ylim(bottom=0)
+    ax.set_title("Throughput over the run")
+    return _png(fig)
+
+
+# ---------------------------------------------------------------- Data Docs
+
+
+def build_data_docs(pub: Publication) -> dict[str, Any] | None:
+    """GX Data Docs of the run's validation results in `<run>/data_docs/`; None when nothing was validated.
+
+    Returns the pages relative to the run directory: the site index, the suite, one page per pass.
+    GX's index lists its pages with JavaScript from a CDN, so the report links every page itself:
+    the pages are static HTML that reads without network (unstyled).
+    """
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    import great_expectations as gx
+    from great_expectations.core import ExpectationSuiteValidationResult
+    from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.data_context.types.resource_identifiers import (
+        ExpectationSuiteIdentifier,
+        ValidationResultIdentifier,
+    )
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+
+    import expectations.suite  # noqa: F401  (registers batchgen's own expectation classes for rendering)
+
+    site = pub.root / DATA_DOCS
+    if site.exists():
+        shutil.rmtree(site)
+    validated = [(i, r) for i, r in enumerate(pub.validation) if r.get("results") and r.get("suite_name")]
+    if not validated:
+        return None
+    context = gx.get_context(mode="ephemeral")
+    context.add_data_docs_site("batchgen", {
+        "class_name": "SiteBuilder",
+        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(site)},
+        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+    })
+    started = datetime.fromisoformat(pub.manifest["started_at"]) if pub.manifest.get("started_at") else (
+        datetime.now(timezone.utc))
+    suite_name = validated[0][1]["suite_name"]
+    configs = [ExpectationConfiguration(**{k: v for k, v in outcome["expectation_config"].items()
+                                           if k not in ("id", "rendered_content")})
+               for outcome in validated[0][1]["results"]]
+    for config in configs:
+        config.kwargs.pop("batch_id", None)
+    context.suites.add(gx.ExpectationSuite(name=suite_name, expectations=[c.to_domain_obj() for c in configs]))
+    keys = []
+    for index, result in validated:
+        label = pass_label(index)
+        run_id = RunIdentifier(run_name=label.replace(" ", "-"), run_time=started)  # a path part: no spaces
+        key = ValidationResultIdentifier(ExpectationSuiteIdentifier(name=result["suite_name"]), run_id,
+                                         label.replace(" ", "-"))
+        meta = {**(result.get("meta") or {}), "run_id": run_id.to_json_dict()}
+        context.validation_results_store.set(key, ExpectationSuiteValidationResult(**{**result, "meta": meta}))
+        keys.append((label, key))
+    context.build_data_docs(site_names=["batchgen"])
+
+    def relative(identifier) -> str:
+        [url] = [u["site_url"] for u in context.get_docs_sites_urls(resource_identifier=identifier,
+                                                                     site_name="batchgen")]
+        return Path(url.removeprefix("file://")).relative_to(pub.root).as_posix()
+
+    return {
+        "index": f"{DATA_DOCS}/index.html",
+        "suite": relative(ExpectationSuiteIdentifier(name=suite_name)),
+        "passes": [{"label": label, "href": relative(key)} for label, key in keys],
+    }
+
+
+# ---------------------------------------------------------------- page
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{ m.job }}: run report</title>
+<style>
+ body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1100px;
+        padding: 0 1rem; color: #222; }
+ h1 { margin-bottom: .2rem; } .sub { color: #666; margin-top: 0; }
+ .cards { display: flex; flex-wrap: wrap; gap: .8rem; margin: 1.2rem 0; }
+ .card { border: 1px solid #ddd; border-radius: 6px; padding: .6rem 1rem; min-width: 8rem; }
+ .card .v { font-size: 1.6rem; font-weight: 600; } .card .k { color: #666; font-size: .85rem; }
+ .charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(480px, 1fr)); gap: 1rem; }
+ .charts figure { margin: 0; border: 1px solid #eee; border-radius: 6px; padding: .5rem; }
+ .charts img { max-width: 100%; height: auto; }
+ table { border-collapse: collapse; margin: .5rem 0 1.5rem; font-size: .9rem; width: 100%; }
+ th, td { border-bottom: 1px solid #e5e5e5; padding: .3rem .5rem; text-align: left; vertical-align: top; }
+ th { background: #fafafa; } td.n { text-align: right; font-variant-numeric: tabular-nums; }
+ td.text { white-space: pre-wrap; max-width: 40rem; }
+ .reason { display: inline-block; background: #fdecea; color: #b71c1c; border-radius: 3px; padding: 0 .3rem;
+           margin-right: .2rem; font-size: .8rem; }
+ .muted { color: #777; }
+</style></head>
+<body>
+<h1>{{ m.job }}: run report</h1>
+<p class="sub">flow run {{ m.flow_run_id or "n/a" }} &middot; started {{ when(m.started_at) }} &middot; finished
+ {{ when(m.finished_at) }} &middot; model {{ m.model.name }}</p>
+
+<div class="cards" id="counts">
+{% for key, label, value in cards %}
+ <div class="card"><div class="v" data-count="{{ key }}">{{ value }}</div><div class="k">{{ label }}</div></div>
+{% endfor %}
+</div>
+
+{% if docs %}
+<p><a id="data-docs" href="{{ docs.index }}">Great Expectations Data Docs of this run's validation</a>
+ &middot; the suite: <a class="docs-page" href="{{ docs.suite }}">expectations</a>
+ &middot; results: {% for p in docs.passes %}<a class="docs-page" href="{{ p.href }}">{{ p.label }}</a>{{ ", " if not loop.last }}{% endfor %}</p>
+{% else %}<p class="muted">Nothing was validated: no Data Docs.</p>{% endif %}
+
+<h2>Charts</h2>
+<div class="charts">
+{% for chart in charts %}
+ <figure><img class="chart" alt="{{ chart.title }}" src="{{ chart.src }}"></figure>
+{% endfor %}
+</div>
+
+<h2>Rejected by reason</h2>
+<table id="reasons"><tr><th>reason</th><th>items</th></tr>
+{% for reason, n in m.counts.rejected_by_reason.items() %}
+ <tr><td>{{ reason }}</td><td class="n" data-reason="{{ reason }}">{{ n }}</td></tr>
+{% else %}<tr><td colspan="2" class="muted">none</td></tr>{% endfor %}
+</table>
+
+<h2>Expectations</h2>
+<table id="expectations"><tr><th>pass</th><th>expectation</th><th>description</th><th>rows</th><th>failed</th>
+<th>pass rate</th></tr>
+{% for e in expectations %}
+ <tr><td>{{ e.pass }}</td><td>{{ e.expectation }}</td><td>{{ e.description }}</td><td class="n">{{ e.rows }}</td>
+ <td class="n">{{ e.failed }}</td><td class="n">{{ pct(e.pass_rate) }}</td></tr>
+{% else %}<tr><td colspan="6" class="muted">no expectation was evaluated</td></tr>{% endfor %}
+</table>
+
+<h2>Sample of accepted outputs ({{ accepted|length }} of {{ m.counts.accepted }})</h2>
+<table id="accepted-sample"><tr><th>row</th><th>item</th><th>attempt</th><th>text</th></tr>
+{% for r in accepted %}
+ <tr><td class="n">{{ r.row_number }}</td><td>{{ r.item_id }}</td><td class="n">{{ r.attempt }}</td>
+ <td class="text">{{ r.text }}</td></tr>
+{% else %}<tr><td colspan="4" class="muted">none</td></tr>{% endfor %}
+</table>
+
+<h2>Sample of rejected items ({{ rejected|length }} of {{ m.counts.rejected }})</h2>
+<table id="rejected-sample"><tr><th>row</th><th>item</th><th>stage</th><th>reasons</th><th>detail</th><th>text</th></tr>
+{% for r in rejected %}
+ <tr><td class="n">{{ r.row_number }}</td><td>{{ r.item_id }}</td><td>{{ r.stage }}</td>
+ <td>{% for reason in r.reasons %}<span class="reason">{{ reason }}</span>{% endfor %}</td>
+ <td>{{ r.detail }}</td><td class="text">{{ r.text if r.text is not none else "" }}</td></tr>
+{% else %}<tr><td colspan="6" class="muted">none</td></tr>{% endfor %}
+</table>
+
+<h2>Timings (s)</h2>
+<table id="timings"><tr><th>step</th><th>seconds</th></tr>
+{% for step, seconds in m.timings_seconds.items() %}<tr><td>{{ step }}</td><td class="n">{{ seconds }}</td></tr>
+{% endfor %}</table>
+<p class="muted">Files: manifest.json, results.parquet, rejected.parquet, attempts.parquet, validation.json.
+Rebuild this page with <code>batchgen report {{ root }}</code>.</p>
+</body></html>
+"""
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _when(iso: str | None) -> str:
+    if not iso:
+        return "n/a"
+    return datetime.fromisoformat(iso).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def cards(manifest: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """The key counts, as (manifest key, label, value shown)."""
+    counts, rates, tokens = manifest["counts"], manifest["rates"], manifest["tokens"]
+    return [
+        ("items", "items", counts["items"]),
+        ("accepted", f"accepted ({_pct(rates.get('pass_rate'))})", counts["accepted"]),
+        ("rejected", "rejected", counts["rejected"]),
+        ("truncated_first_pass", "cut off, first pass", counts["truncated_first_pass"]),
+        ("truncated_final", "cut off, final", counts["truncated_final"]),
+        ("retry_attempts", "retry attempts", counts["retry_attempts"]),
+        ("reused", "reused from earlier commits", counts["reused"]),
+        ("generated_this_run", "output tokens this run", tokens["generated_this_run"]),
+        ("output_per_second", "output tokens/s", tokens["output_per_second"]),
+    ]
+
+
+def render_html(pub: Publication, docs: dict[str, Any] | None) -> str:
+    import jinja2
+
+    m = pub.manifest
+    bounds = m.get("expectations", {}) or {}
+    lines = pass_rate_per_expectation(pub.validation)
+    charts = [
+        {"title": "Finish reasons per attempt", "src": chart_finish_reasons(finish_reasons_per_attempt(pub.attempts))},
+        {"title": "Output length against the expected bounds",
+         "src": chart_lengths(output_lengths(pub), bounds.get("min_chars"), bounds.get("max_chars"))},
+        {"title": "Pass rate per expectation", "src": chart_expectations(lines)},
+        {"title": "Throughput over the run", "src": chart_throughput(throughput(pub))},
+    ]
+    accepted, rejected = samples(pub)
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    return env.from_string(PAGE).render(
+        m=m, cards=cards(m), charts=charts, expectations=lines, accepted=accepted, rejected=rejected, pct=_pct, when=_when,
+        docs=docs, root=str(pub.root),
+    )
+
+
+def write_report(run_dir: Path) -> Path:
+    """Build `data_docs/` and `report.html` in a publication directory; returns the report's path."""
+    pub = load_publication(Path(run_dir))
+    docs = build_data_docs(pub)
+    path = pub.root / REPORT
+    write_text_atomic(render_html(pub, docs), path)
+    return path
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def figures_markdown(pub: Publication) -> str:
+    """The report's figures as markdown: finish reasons, lengths, expectations, throughput."""
+    lines = ["", "**Finish reasons per attempt**", ""]
+    table = finish_reasons_per_attempt(pub.attempts)
+    if table.empty:
+        lines.append("(no outputs)")
+    else:
+        lines += ["| attempt | " + " | ".join(table.columns) + " |", "| --- " * (len(table.columns) + 1) + "|"]
+        lines += [f"| {a} | " + " | ".join(str(int(v)) for v in row) + " |" for a, row in table.iterrows()]
+    lengths = output_lengths(pub)["chars"]
+    bounds = pub.manifest.get("expectations", {}) or {}
+    lines += ["", "**Output length (characters)**", "", "| min | median | max | expected min | expected max |",
+              "| --- | --- | --- | --- | --- |"]
+    if len(lengths):
+        lines.append(f"| {int(lengths.min())} | {float(lengths.median()):g} | {int(lengths.max())} | "
+                     f"{bounds.get('min_chars')} | {bounds.get('max_chars')} |")
+    lines += ["", "**Pass rate per expectation**", "", "| pass | expectation | rows | failed | pass rate |",
+              "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {e['pass']} | {e['expectation']} | {e['rows']} | {e['failed']} | {_pct(e['pass_rate'])} |"
+              for e in pass_rate_per_expectation(pub.validation)]
+    chunks = throughput(pub)
+    lines += ["", "**Throughput**", ""]
+    if chunks.empty:
+        lines.append("no engine chunk finished in this run")
+    else:
+        rates = chunks["tokens_per_second"].dropna()
+        lines.append(f"{len(chunks)} engine chunks, {int(chunks['tokens'].sum())} output tokens, "
+                     f"{float(rates.min()):.1f}-{float(rates.max()):.1f} tokens/s per chunk, "
+                     f"last chunk done {float(chunks['seconds'].iloc[-1]):.1f} s after the start")
+    lines += ["", f"Report: `{pub.root / REPORT}`; Data Docs: `{pub.root / DATA_DOCS / 'index.html'}`"]
+    return "\n".join(lines) + "\n"
+
+
+def report_markdown(run_dir: Path) -> str:
+    return figures_markdown(load_publication(Path(run_dir)))

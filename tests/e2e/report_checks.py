@@ -1,0 +1,55 @@
+"""What a reader of a run's report.html checks, in headless Chromium (used by the engine end-to-end test)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.browser import browser_page, open_page, screenshot
+
+
+def publication_dir(out: Path) -> Path:
+    """The published directory: `<out>/current` when the output keeps publications side by side, else `out`."""
+    return (out / "current").resolve() if (out / "current" / "manifest.json").is_file() else out
+
+
+def check_report_in_browser(out: Path, manifest: dict, name: str) -> Path:
+    """Open report.html offline: every chart is a decoded image, the counts are the manifest's, Data Docs open.
+
+    Returns the screenshot's path (test-artifacts/<name>.png).
+    """
+    root = publication_dir(Path(out))
+    on_disk = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+    assert on_disk["counts"] == manifest["counts"]
+    with browser_page() as page:
+        open_page(page, root / "report.html", wait_for_text="run report")
+        charts = page.eval_on_selector_all(
+            "img.chart", "imgs => imgs.map(i => ({alt: i.alt, complete: i.complete, width: i.naturalWidth}))")
+        assert [c["alt"] for c in charts] == ["Finish reasons per attempt", "Output length against the expected bounds",
+                                              "Pass rate per expectation", "Throughput over the run"]
+        assert all(c["complete"] and c["width"] > 0 for c in charts), charts
+
+        shown = page.eval_on_selector_all(
+            "[data-count]", "els => Object.fromEntries(els.map(e => [e.dataset.count, e.textContent.trim()]))")
+        counts, tokens = manifest["counts"], manifest["tokens"]
+        for key in ("items", "accepted", "rejected", "truncated_first_pass", "truncated_final", "retry_attempts",
+                    "reused"):
+            assert shown[key] == str(counts[key]), (key, shown[key], counts[key])
+        assert shown["generated_this_run"] == str(tokens["generated_this_run"])
+        reasons = page.eval_on_selector_all(
+            "[data-reason]", "els => Object.fromEntries(els.map(e => [e.dataset.reason, Number(e.textContent)]))")
+        assert reasons == counts["rejected_by_reason"]
+        accepted_rows = page.locator("#accepted-sample tr").count() - 1
+        assert accepted_rows == min(10, counts["accepted"]) or (counts["accepted"] == 0 and accepted_rows == 1)
+        shot = screenshot(page, name)
+
+        docs = page.get_attribute("#data-docs", "href")
+        assert (root / docs).is_file(), docs
+        first_pass = page.locator("a.docs-page", has_text="first pass")
+        first_pass.click()
+        page.wait_for_load_state("load")
+        assert page.url.startswith((root / "data_docs").as_uri())
+        page.get_by_text("Expectation Validation Result").first.wait_for()
+        assert "Evaluated Expectations" in page.inner_text("body")
+        screenshot(page, f"{name}-data-docs", full_page=False)
+    return shot
