@@ -7,6 +7,7 @@ because that would be a bug, never a data problem.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from batchgen.items import Rejection
+from batchgen.job import SamplingSpec
 
 
 class LostItemsError(AssertionError):
@@ -36,13 +38,49 @@ REJECTED_FIELDS = [
 ]
 
 
-def choose_candidate(candidates: pd.DataFrame) -> tuple[pd.Series, bool]:
-    """first_passing: the lowest-index candidate that passed every expectation, else candidate 0 (rejected)."""
-    ordered = candidates.sort_values("candidate")
-    passing = ordered[ordered["passed"]]
+def rank_candidates(candidates: pd.DataFrame, beam: bool = False) -> pd.DataFrame:
+    """Best-scored first. Beam search: the beam's rank (vLLM's length-penalised score, candidate 0 is best);
+    sampling: the highest cumulative_logprob (unknown last), ties by candidate index."""
+    if beam:
+        return candidates.sort_values("candidate", kind="stable")
+    score = pd.to_numeric(candidates["cumulative_logprob"], errors="coerce").fillna(float("-inf"))
+    return candidates.assign(_score=-score).sort_values(["_score", "candidate"], kind="stable").drop(columns="_score")
+
+
+def choose_candidate(candidates: pd.DataFrame, selection: str = "first_passing",
+                     beam: bool = False) -> tuple[pd.Series, bool]:
+    """The candidate to publish and whether it passed.
+
+    first_passing: the best-scored candidate that passed every expectation, else the best-scored one (the
+    item is rejected with its failures). max_logprob: the highest cumulative_logprob, passing or not
+    (vLLM V0's best_of); the item is rejected when that candidate fails.
+    """
+    ordered = rank_candidates(candidates, beam if selection == "first_passing" else False)
+    if selection == "max_logprob":
+        return ordered.iloc[0], bool(ordered.iloc[0]["passed"])
+    passing = ordered[ordered["passed"].astype(bool)]
     if len(passing):
         return passing.iloc[0], True
     return ordered.iloc[0], False
+
+
+def structured_columns(schema: dict[str, Any] | None) -> list[str]:
+    """The published columns of a JSON schema: its top-level properties."""
+    return list((schema or {}).get("properties", {}))
+
+
+def structured_values(text: str, names: list[str]) -> dict[str, Any]:
+    """A passing structured output's top-level fields; objects and arrays as JSON text."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        value = None
+    value = value if isinstance(value, dict) else {}
+    out = {}
+    for name in names:
+        field = value.get(name)
+        out[name] = json.dumps(field, ensure_ascii=False) if isinstance(field, (dict, list)) else field
+    return out
 
 
 def assemble(
@@ -50,11 +88,20 @@ def assemble(
     columns: list[str],
     early_rejections: list[Rejection],
     final: pd.DataFrame,
+    sampling: SamplingSpec | None = None,
 ) -> Assembled:
     """Pick the published candidate of each generated item; everything else is a rejection.
 
     `final` holds the latest attempt of every (item, candidate) with `passed` and `failed`.
     """
+    sampling = sampling or SamplingSpec()
+    fields = list(ACCEPTED_FIELDS) + ["n_candidates", "n_passing", "selection"]
+    if sampling.overrides.get("temperature"):
+        fields.append("temperature")
+    if sampling.logprobs is not None:
+        fields.append("logprobs")
+    extra = structured_columns(sampling.json_schema)
+    fields += extra
     inputs = {row["item_id"]: {c: row[c] for c in columns} for row in items.to_dict(orient="records")}
     numbers = dict(zip(items["item_id"], items["row_number"]))
     accepted: list[dict[str, Any]] = []
@@ -67,15 +114,20 @@ def assemble(
     generated = set()
     for item_id, candidates in final.groupby("item_id", sort=False):
         generated.add(item_id)
-        chosen, ok = choose_candidate(candidates)
+        chosen, ok = choose_candidate(candidates, sampling.selection, sampling.use_beam_search)
         base = {"item_id": item_id, "row_number": numbers.get(item_id), "input": inputs.get(item_id)}
         if ok:
-            accepted.append({**base, **{f: chosen[f] for f in ACCEPTED_FIELDS if f not in base}})
+            row = {**base, **{f: chosen[f] for f in fields if f in chosen.index and f not in base}}
+            row.update(n_candidates=len(candidates), n_passing=int(candidates["passed"].astype(bool).sum()),
+                       selection=sampling.selection, **structured_values(chosen["text"], extra))
+            accepted.append(row)
         else:
             reasons = list(chosen["failed"])
+            which = " (highest cumulative_logprob)" if sampling.selection == "max_logprob" and len(candidates) > 1 else ""
             rejected.append({
                 **base, "stage": "validate", "reasons": reasons,
-                "detail": f"candidate {int(chosen['candidate'])} of {len(candidates)} failed: {', '.join(reasons)}",
+                "detail": f"candidate {int(chosen['candidate'])}{which} of {len(candidates)} failed: "
+                          f"{', '.join(reasons)}",
                 "candidate": chosen["candidate"], "attempt": chosen["attempt"], "text": chosen["text"],
                 "finish_reason": chosen["finish_reason"], "n_output_tokens": chosen["n_output_tokens"],
             })
@@ -87,7 +139,7 @@ def assemble(
                              "candidate": None, "attempt": None, "text": None, "finish_reason": None,
                              "n_output_tokens": None, "input": inputs[item_id]})
     result = Assembled(
-        accepted=pd.DataFrame(accepted, columns=ACCEPTED_FIELDS),
+        accepted=pd.DataFrame(accepted, columns=fields),
         rejected=pd.DataFrame(rejected, columns=REJECTED_FIELDS),
     )
     check_exactly_once(items, early_rejections, result)

@@ -112,6 +112,7 @@ def check(
     spec = _load(job, limit, set_)
     from batchgen.items import DataError, load_items
     from batchgen.job import JobError
+    from batchgen.overrides import apply_overrides, check_override_columns
     from batchgen.prompts import build_prompts, check_keyword_column, check_template_columns
     from batchgen.tokenizer import load_tokenizer
 
@@ -119,9 +120,11 @@ def check(
         loaded = load_items(spec.input)
         check_template_columns(spec.prompt, loaded.columns, spec.input.path)
         check_keyword_column(spec.expectations.keyword_column, loaded.columns)
+        check_override_columns(spec.sampling, loaded.columns)
         _, tokenizer, max_len = load_tokenizer(spec.engine)
         built = build_prompts(loaded.items, spec.prompt, tokenizer, max_len, loaded.columns,
                               spec.expectations.keyword_column)
+        built = apply_overrides(built, loaded.items, spec.sampling, loaded.columns)
     except JobError as exc:
         _fail(EXIT_BAD_JOB, str(exc))
     except DataError as exc:
@@ -142,7 +145,7 @@ def check(
             "model_limit": max_len,
         },
         "estimate": {
-            "max_output_tokens_first_pass": len(built.prompts) * spec.sampling.n * spec.sampling.max_tokens,
+            "max_output_tokens_first_pass": len(built.prompts) * spec.sampling.candidates * spec.sampling.max_tokens,
         },
     }
     typer.echo(json.dumps(report, indent=2, ensure_ascii=False))

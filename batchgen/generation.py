@@ -35,22 +35,63 @@ class GenRequest:
     prefix_text: str = ""
     prefix_token_ids: list[int] = field(default_factory=list)
     prefix_logprob: float | None = 0.0
+    prefix_logprobs: list[Any] | None = None  # top logprobs of the prefix tokens, when the job asks for them
+    temperature: float | None = None  # the row's own temperature (sampling.overrides), else the job's
 
 
 class LLMLike(Protocol):
     def generate(self, prompts: Any, sampling_params: Any, use_tqdm: bool = ...) -> list[Any]: ...
 
 
+# Job fields that are not SamplingParams arguments: they shape requests or selection instead.
+NOT_SAMPLING_PARAMS = {"selection", "best_of", "use_beam_search", "beam_width", "length_penalty", "json_schema",
+                       "overrides"}
+
+
 def sampling_kwargs(spec: SamplingSpec) -> dict[str, Any]:
-    """SamplingParams keyword arguments shared by every request of a job."""
-    kwargs = spec.model_dump()
+    """Engine keyword arguments shared by every request of a job (JSON-able: they are part of request keys).
+
+    Sampling: SamplingParams arguments, the JSON schema as `structured_outputs`. Beam search:
+    BeamSearchParams arguments, marked with `beam_search`.
+    """
+    if spec.use_beam_search:
+        return {"beam_search": True, "beam_width": spec.candidates, "max_tokens": spec.max_tokens,
+                "length_penalty": spec.length_penalty, "temperature": spec.temperature,
+                "ignore_eos": spec.ignore_eos, "logprobs": spec.logprobs}
+    kwargs = spec.model_dump(exclude=NOT_SAMPLING_PARAMS)
     kwargs["stop"] = kwargs["stop"] or None
     kwargs["stop_token_ids"] = kwargs["stop_token_ids"] or None
     if kwargs["top_k"] is None:
         kwargs.pop("top_k")
     # logprobs=0 returns only the sampled token's logprob: enough for cumulative_logprob.
     kwargs["logprobs"] = 0 if spec.logprobs is None else spec.logprobs
+    if spec.json_schema is not None:
+        kwargs["structured_outputs"] = {"json": spec.json_schema}
     return kwargs
+
+
+def sampling_params(kwargs: dict[str, Any]) -> Any:
+    """vllm.SamplingParams from engine_budget's arguments."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    kwargs = dict(kwargs)
+    if kwargs.get("structured_outputs") is not None:
+        kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+    return SamplingParams(**kwargs)
+
+
+def top_logprobs(positions: Any) -> list[list[dict[str, Any]]] | None:
+    """vLLM's per-token logprobs (a list of {token_id: Logprob}, or FlatLogprobs) as plain rows, best first."""
+    if positions is None:
+        return None
+    rows = []
+    for position in positions:
+        entries = [{"token_id": int(token_id), "token": lp.decoded_token, "logprob": float(lp.logprob),
+                    "rank": None if lp.rank is None else int(lp.rank)}
+                   for token_id, lp in (position or {}).items()]
+        rows.append(sorted(entries, key=lambda e: -e["logprob"]))
+    return rows
 
 
 def request_key(request: GenRequest, sampling: dict[str, Any], model_identity: str) -> str:
@@ -61,6 +102,8 @@ def request_key(request: GenRequest, sampling: dict[str, Any], model_identity: s
         "prefix": hashlib.sha256(json.dumps(request.prefix_token_ids).encode()).hexdigest(),
         "model": model_identity,
         "sampling": {k: v for k, v in sampling.items() if k not in ("max_tokens", "n")},
+        **({"temperature": request.temperature}
+           if request.temperature is not None and request.temperature != sampling.get("temperature") else {}),
         "max_tokens": request.max_tokens,
         "n": request.n,
         "candidate": request.candidate,
@@ -70,16 +113,26 @@ def request_key(request: GenRequest, sampling: dict[str, Any], model_identity: s
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def _row_value(row: Any, name: str) -> Any:
+    value = getattr(row, name, None)
+    return None if value is None or pd.isna(value) else value
+
+
 def first_pass_requests(prompts: pd.DataFrame, sampling: SamplingSpec) -> list[GenRequest]:
-    return [
-        GenRequest(item_id=row.item_id, prompt=row.prompt, prompt_token_ids=list(row.prompt_token_ids),
-                   max_tokens=sampling.max_tokens, n=sampling.n)
-        for row in prompts.itertuples(index=False)
-    ]
+    """One request per prompt for all its candidates; a row's own max_tokens / temperature (overrides) wins."""
+    requests = []
+    for row in prompts.itertuples(index=False):
+        budget = _row_value(row, "max_tokens")
+        temperature = _row_value(row, "temperature")
+        requests.append(GenRequest(
+            item_id=row.item_id, prompt=row.prompt, prompt_token_ids=list(row.prompt_token_ids),
+            max_tokens=sampling.max_tokens if budget is None else int(budget), n=sampling.candidates,
+            temperature=None if temperature is None else float(temperature)))
+    return requests
 
 
 def output_rows(request: GenRequest, output: Any, key: str, seconds: float,
-                finished_at: datetime | None = None) -> list[dict[str, Any]]:
+                finished_at: datetime | None = None, keep_logprobs: bool = False) -> list[dict[str, Any]]:
     """Flatten one vLLM RequestOutput into rows, keeping every field the seeds list."""
     rows = []
     for completion in output.outputs:
@@ -107,8 +160,39 @@ def output_rows(request: GenRequest, output: Any, key: str, seconds: float,
             "finish_reason": completion.finish_reason or "unknown",
             "stop_reason": None if completion.stop_reason is None else str(completion.stop_reason),
             "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "logprobs": ((request.prefix_logprobs or []) + (top_logprobs(completion.logprobs) or [])
+                         if keep_logprobs else None),
             "chunk_seconds": seconds,
             "chunk_finished_at": finished_at,
+        })
+    return rows
+
+
+def beam_rows(request: GenRequest, output: Any, key: str, seconds: float, finished_at: datetime | None,
+              tokenizer: Any, keep_logprobs: int | None) -> list[dict[str, Any]]:
+    """Rows of one beam search: candidate = rank by vLLM's beam score (0 is best)."""
+    rows = []
+    prompt_len = len(request.prompt_token_ids)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    for rank, beam in enumerate(output.sequences):
+        new = list(beam.tokens[prompt_len:])
+        ended = bool(new) and eos is not None and new[-1] == eos
+        logprobs = None
+        if keep_logprobs is not None:  # vLLM keeps 2*beam_width per step; publish the k asked for
+            steps = top_logprobs(beam.logprobs[len(beam.logprobs) - len(new):]) if new else []
+            logprobs = [entries[:max(keep_logprobs, 1)] for entries in steps]
+        rows.append({
+            "item_id": request.item_id, "candidate": rank, "attempt": request.attempt,
+            "strategy": request.strategy, "request_key": key, "request_id": f"beam-{key}",
+            "prompt": request.prompt, "prompt_token_ids": list(request.prompt_token_ids),
+            "n_prompt_tokens": prompt_len,
+            "text": tokenizer.decode(new, skip_special_tokens=True),
+            "token_ids": new, "n_output_tokens": len(new), "new_output_tokens": len(new),
+            "cumulative_logprob": float(beam.cum_logprob),
+            "finish_reason": "stop" if ended or len(new) < request.max_tokens else "length",
+            "stop_reason": None, "max_tokens": request.max_tokens, "temperature": request.temperature,
+            "logprobs": logprobs, "chunk_seconds": seconds, "chunk_finished_at": finished_at,
         })
     return rows
 
@@ -116,8 +200,11 @@ def output_rows(request: GenRequest, output: Any, key: str, seconds: float,
 def engine_budget(base: dict[str, Any], request: GenRequest) -> dict[str, Any]:
     """SamplingParams for one request: a continuation asks only for what the prefix has not used."""
     done = len(request.prefix_token_ids)
-    return {**base, "max_tokens": request.max_tokens - done, "n": request.n,
-            "min_tokens": max(0, base.get("min_tokens", 0) - done)}
+    kwargs = {**base, "max_tokens": request.max_tokens - done, "n": request.n,
+              "min_tokens": max(0, base.get("min_tokens", 0) - done)}
+    if request.temperature is not None:
+        kwargs["temperature"] = request.temperature
+    return kwargs
 
 
 def chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
@@ -142,7 +229,7 @@ def run_requests(
     caller commits the rows there. `progress(done, total)` may return a tqdm class that
     vLLM updates as each request of a chunk finishes (live progress inside a chunk).
     """
-    from vllm import SamplingParams, TokensPrompt
+    from vllm import TokensPrompt
 
     base = sampling_kwargs(sampling)
     done = done or {}
@@ -160,18 +247,45 @@ def run_requests(
     if on_chunk is not None and reused:
         on_chunk([], finished, len(keyed))
     llm = llm_factory() if pending else None
+    keep = sampling.logprobs is not None
     for chunk in chunks(pending, chunk_size):
-        prompts = [TokensPrompt(prompt_token_ids=r.prompt_token_ids + r.prefix_token_ids) for _, r in chunk]
-        params = [SamplingParams(**engine_budget(base, r)) for _, r in chunk]
-        started = time.perf_counter()
-        bar = progress(finished, len(keyed)) if progress is not None else False
-        outputs = llm.generate(prompts, params, use_tqdm=bar)
-        seconds = time.perf_counter() - started
-        finished_at = datetime.now(timezone.utc)
-        new_rows = [row for (key, request), output in zip(chunk, outputs)
-                    for row in output_rows(request, output, key, seconds, finished_at)]
+        if base.get("beam_search"):
+            new_rows = beam_search_chunk(llm, chunk, base, sampling.logprobs)
+        else:
+            prompts = [TokensPrompt(prompt_token_ids=r.prompt_token_ids + r.prefix_token_ids) for _, r in chunk]
+            params = [sampling_params(engine_budget(base, r)) for _, r in chunk]
+            started = time.perf_counter()
+            bar = progress(finished, len(keyed)) if progress is not None else False
+            outputs = llm.generate(prompts, params, use_tqdm=bar)
+            seconds = time.perf_counter() - started
+            finished_at = datetime.now(timezone.utc)
+            new_rows = [row for (key, request), output in zip(chunk, outputs)
+                        for row in output_rows(request, output, key, seconds, finished_at, keep)]
         rows.extend(new_rows)
         finished += len(chunk)
         if on_chunk is not None:
             on_chunk(new_rows, finished, len(keyed))
     return rows, reused
+
+
+def beam_search_chunk(llm: Any, chunk: list[tuple[str, GenRequest]], base: dict[str, Any],
+                      keep_logprobs: int | None) -> list[dict[str, Any]]:
+    """One LLM.beam_search call per (budget, temperature) in the chunk: BeamSearchParams apply to a whole call."""
+    from vllm import TokensPrompt
+    from vllm.sampling_params import BeamSearchParams
+
+    tokenizer = llm.get_tokenizer()
+    groups: dict[tuple[int, float], list[tuple[str, GenRequest]]] = {}
+    for key, request in chunk:
+        temperature = base["temperature"] if request.temperature is None else request.temperature
+        groups.setdefault((request.max_tokens, temperature), []).append((key, request))
+    rows = []
+    for (budget, temperature), group in groups.items():
+        started = time.perf_counter()
+        params = BeamSearchParams(beam_width=base["beam_width"], max_tokens=budget, temperature=temperature,
+                                  length_penalty=base["length_penalty"], ignore_eos=base["ignore_eos"])
+        outputs = llm.beam_search([TokensPrompt(prompt_token_ids=r.prompt_token_ids) for _, r in group], params)
+        seconds, finished_at = time.perf_counter() - started, datetime.now(timezone.utc)
+        rows.extend(row for (key, request), output in zip(group, outputs)
+                    for row in beam_rows(request, output, key, seconds, finished_at, tokenizer, keep_logprobs))
+    return rows

@@ -58,7 +58,7 @@ class PromptSpec(_Section):
         if self.system is not None and self.style != "chat":
             raise ValueError("a system message needs style 'chat'")
         if self.template is None and self.messages_column is None:
-            raise ValueError("set template (a Jinja template) or messages_column (a column of chat messages)")
+            raise ValueError("prompt.template is missing: set a template (Jinja) or messages_column (a column of chat messages)")
         if self.template is not None and self.messages_column is not None:
             raise ValueError("set either template or messages_column, not both")
         if self.messages_column is not None and self.style != "chat":

@@ -8,6 +8,7 @@ engine is handed token ids, not text to tokenize again.
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,8 +43,8 @@ def compile_template(source: str, where: str) -> jinja2.Template:
 
 
 def template_fields(spec: PromptSpec) -> list[str]:
-    """Columns the templates read, in order of first use."""
-    names: list[str] = []
+    """Columns the templates (or the conversation column) read, in order of first use."""
+    names: list[str] = [spec.messages_column] if spec.messages_column else []
     for where, source in (("prompt.system", spec.system), ("prompt.template", spec.template)):
         if source is None:
             continue
@@ -61,6 +62,9 @@ def check_template_columns(spec: PromptSpec, columns: list[str], source: str | N
     """Fail before the engine loads when a template names a column the input lacks."""
     fields = template_fields(spec)
     missing = [name for name in fields if name not in columns]
+    if missing and missing[0] == spec.messages_column:
+        raise JobError(f"prompt.messages_column: {missing[0]!r} is not a column of the input "
+                       f"(columns: {', '.join(columns) or 'none'})")
     if missing:
         raise JobError(
             f"prompt: the template uses column {missing[0]!r}, which the input "
@@ -90,8 +94,48 @@ def _is_blank(value: Any) -> bool:
     return isinstance(value, str) and not value.strip()
 
 
+ROLES = ("system", "user", "assistant")
+
+
+class MessagesError(ValueError):
+    """A conversation cell that is not a list of chat messages; the message says what is wrong."""
+
+
+def conversation(value: Any, column: str) -> list[dict[str, str]]:
+    """A cell of prompt.messages_column as chat messages: a list (JSON text in CSV) of {role, content}."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise MessagesError(f"{column} is not a JSON list of messages ({exc})") from None
+    if hasattr(value, "tolist"):  # Parquet lists arrive as numpy arrays
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or not value:
+        raise MessagesError(f"{column} must be a non-empty list of {{role, content}} messages, "
+                            f"got {type(value).__name__}")
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or not {"role", "content"} <= set(message):
+            raise MessagesError(f"{column}[{i}] must be an object with role and content")
+        role, content = message["role"], message["content"]
+        if role not in ROLES:
+            raise MessagesError(f"{column}[{i}].role is {role!r}; expected one of {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise MessagesError(f"{column}[{i}].content must be text, got {type(content).__name__}")
+        messages.append({"role": role, "content": content})
+    if messages[-1]["role"] != "user":
+        raise MessagesError(f"{column}: the last message is from the {messages[-1]['role']}; "
+                            f"the model answers a user message")
+    return messages
+
+
 def render_messages(spec: PromptSpec, row: dict[str, Any]) -> list[dict[str, str]] | str:
     """The rendered prompt of one row: chat messages, or completion text."""
+    if spec.messages_column is not None:
+        messages = conversation(row[spec.messages_column], spec.messages_column)
+        if spec.system is not None and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": _render(spec.system, row, "prompt.system")})
+        return messages
     user = _render(spec.template, row, "prompt.template")
     if spec.style == "completion":
         return user
@@ -152,6 +196,10 @@ def build_prompts(
             rendered = render_messages(spec, values)
         except jinja2.TemplateError as exc:
             rejected.append(Rejection(row["item_id"], row["row_number"], "prompt", ["template_error"],
+                                      f"row {row['row_number']}: {exc}", values))
+            continue
+        except MessagesError as exc:
+            rejected.append(Rejection(row["item_id"], row["row_number"], "prompt", ["invalid_messages"],
                                       f"row {row['row_number']}: {exc}", values))
             continue
         user_text = rendered if isinstance(rendered, str) else rendered[-1]["content"]

@@ -107,7 +107,7 @@ def stage(
     accepted = accepted.assign(input=[encode(value) for value in accepted["input"]])
     rejected = rejected.assign(input=[encode(value) for value in rejected["input"]])
     tables = {
-        RESULTS: to_table(accepted, accepted_schema(struct)),
+        RESULTS: to_table(accepted, accepted_schema(struct, accepted)),
         REJECTED: to_table(rejected, rejected_schema(struct)),
         ATTEMPTS: to_table(attempts, attempts_schema()),
     }

@@ -30,8 +30,34 @@ def next_budget(current: int, retry: RetrySpec, n_prompt_tokens: int, max_model_
     return min(grown, retry.max_tokens_cap, max_model_len - n_prompt_tokens)
 
 
-def plan_retries(latest: pd.DataFrame, retry: RetrySpec, max_model_len: int) -> list[GenRequest]:
-    """Requests for the next pass: one per cut-off candidate whose budget can still grow."""
+def _temperature(row: object) -> float | None:
+    value = getattr(row, "temperature", None)
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def plan_beam_retries(latest: pd.DataFrame, retry: RetrySpec, max_model_len: int, width: int) -> list[GenRequest]:
+    """Beam search: an item with a cut-off beam searches again, all beams, with the grown budget (beams of
+    different searches are not the same candidates, so `continue` does not apply)."""
+    requests = []
+    for item_id, beams in latest.groupby("item_id", sort=False):
+        if not (beams["finish_reason"] == "length").any():
+            continue
+        row = next(beams.sort_values("attempt", ascending=False).itertuples(index=False))
+        budget = next_budget(int(row.max_tokens), retry, int(row.n_prompt_tokens), max_model_len)
+        if budget <= row.max_tokens:
+            continue
+        requests.append(GenRequest(
+            item_id=item_id, prompt=row.prompt, prompt_token_ids=list(row.prompt_token_ids), max_tokens=budget,
+            attempt=int(row.attempt) + 1, strategy="grow", candidate=None, n=width, temperature=_temperature(row)))
+    return requests
+
+
+def plan_retries(latest: pd.DataFrame, retry: RetrySpec, max_model_len: int,
+                 beam_width: int | None = None) -> list[GenRequest]:
+    """Requests for the next pass: one per cut-off candidate whose budget can still grow (its own budget and
+    temperature, so per-row overrides and every one of n candidates carry over); under beam search, one per item."""
+    if beam_width is not None:
+        return plan_beam_retries(latest, retry, max_model_len, beam_width)
     requests = []
     cut = latest[latest["finish_reason"] == "length"]
     for row in cut.itertuples(index=False):
@@ -41,12 +67,14 @@ def plan_retries(latest: pd.DataFrame, retry: RetrySpec, max_model_len: int) -> 
         request = GenRequest(
             item_id=row.item_id, prompt=row.prompt, prompt_token_ids=list(row.prompt_token_ids),
             max_tokens=budget, attempt=int(row.attempt) + 1, strategy=retry.strategy,
-            candidate=int(row.candidate), n=1,
+            candidate=int(row.candidate), n=1, temperature=_temperature(row),
         )
         if retry.strategy == "continue":
             request.prefix_text = row.text
             request.prefix_token_ids = list(row.token_ids)
             logprob = row.cumulative_logprob
             request.prefix_logprob = None if logprob is None or pd.isna(logprob) else float(logprob)
+            logprobs = getattr(row, "logprobs", None)
+            request.prefix_logprobs = list(logprobs) if isinstance(logprobs, list) else None
         requests.append(request)
     return requests

@@ -8,6 +8,11 @@ from typing import Any
 
 import pyarrow as pa
 
+# The top-k logprobs of each generated token (sampling.logprobs), best first.
+LOGPROBS_TYPE = pa.list_(pa.list_(pa.struct([
+    ("token_id", pa.int32()), ("token", pa.string()), ("logprob", pa.float64()), ("rank", pa.int32()),
+])))
+
 ATTEMPT_SCHEMA = pa.schema([
     ("item_id", pa.string()),
     ("candidate", pa.int32()),
@@ -26,6 +31,8 @@ ATTEMPT_SCHEMA = pa.schema([
     ("finish_reason", pa.string()),
     ("stop_reason", pa.string()),
     ("max_tokens", pa.int32()),
+    ("temperature", pa.float64()),  # the row's own temperature (sampling.overrides); null: the job's
+    ("logprobs", LOGPROBS_TYPE),  # null unless sampling.logprobs is set
     ("chunk_seconds", pa.float64()),
     ("chunk_finished_at", pa.timestamp("us", tz="UTC")),  # wall clock: throughput over the run
 ])
@@ -79,7 +86,41 @@ def _has_empty_struct(kind: pa.DataType) -> bool:
     return False
 
 
-def accepted_schema(input_struct: pa.DataType) -> pa.Schema:
+# Result columns a job may add: candidates and selection with n > 1, logprobs when asked.
+OPTIONAL_RESULT_FIELDS = {
+    "n_candidates": pa.int32(), "n_passing": pa.int32(), "selection": pa.string(), "temperature": pa.float64(),
+    "logprobs": LOGPROBS_TYPE,
+}
+
+
+def accepted_schema(input_struct: pa.DataType, frame: Any = None) -> pa.Schema:
+    """The results table; columns of `frame` beyond the fixed ones (structured-output fields) follow `input`.
+
+    Structured-output fields hold scalars (objects and arrays as JSON text), so Arrow's type of their values is
+    the column type.
+    """
+    schema = _accepted_base(input_struct)
+    if frame is not None:
+        for name in frame.columns:
+            if name in schema.names:
+                continue
+            if name in OPTIONAL_RESULT_FIELDS:
+                schema = schema.append(pa.field(name, OPTIONAL_RESULT_FIELDS[name]))
+            else:
+                values = [None if _missing(v) else v for v in frame[name]]
+                kind = pa.array(values).type
+                schema = schema.append(pa.field(name, pa.string() if pa.types.is_null(kind) else kind))
+    return schema
+
+
+def _missing(value: Any) -> bool:
+    try:
+        return value is None or bool(value != value)  # None or NaN
+    except (TypeError, ValueError):
+        return False
+
+
+def _accepted_base(input_struct: pa.DataType) -> pa.Schema:
     return pa.schema([
         ("item_id", pa.string()),
         ("row_number", pa.int64()),

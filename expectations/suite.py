@@ -1,15 +1,49 @@
 """The GX suite a job's outputs are validated against, built from the job's expectations.
 
 Every expectation carries `meta.batchgen_id`: the short name that appears in a rejected
-row's reasons (`length`, `keyword`, `must_match`, `must_not_match`, `truncated`).
+row's reasons (`length`, `keyword`, `must_match`, `must_not_match`, `truncated`, `json_schema`).
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import great_expectations as gx
 import great_expectations.expectations as gxe
+import jsonschema
+from great_expectations.execution_engine import PandasExecutionEngine
+from great_expectations.expectations.metrics import ColumnMapMetricProvider, column_condition_partial
 
 from batchgen.job import ExpectationsSpec
+
+
+def matches_json_schema(text: Any, schema: dict[str, Any]) -> bool:
+    """The text parses as JSON and the value is valid under the schema (text that is not JSON fails, not errors)."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return False
+    return jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+class ColumnValuesParseAsJsonMatchingSchema(ColumnMapMetricProvider):
+    """GX's own match_json_schema metric raises on text that is not JSON; a cut-off output must just fail."""
+
+    condition_metric_name = "column_values.batchgen_parse_as_json_matching_schema"
+    condition_value_keys = ("json_schema",)
+
+    @column_condition_partial(engine=PandasExecutionEngine)
+    def _pandas(cls, column, json_schema, **kwargs):
+        return column.map(lambda text: matches_json_schema(text, json_schema))
+
+
+class ExpectOutputToMatchJsonSchema(gxe.ExpectColumnValuesToMatchJsonSchema):
+    """Each output is JSON that is valid under the job's schema (sampling.json_schema)."""
+
+    column: str = "text"
+    map_metric = "column_values.batchgen_parse_as_json_matching_schema"
+    description: str = "Each output is JSON valid under the job's JSON schema"
 
 
 class ExpectOutputToMentionKeyword(gxe.ExpectColumnValuesToBeInSet):
@@ -28,9 +62,11 @@ class ExpectOutputNotTruncated(gxe.ExpectColumnValuesToBeInSet):
     description: str = "Each output ended on its own (finish_reason stop), not cut off by max_tokens"
 
 
-def build_suite(spec: ExpectationsSpec, name: str) -> gx.ExpectationSuite:
+def build_suite(spec: ExpectationsSpec, name: str, json_schema: dict[str, Any] | None = None) -> gx.ExpectationSuite:
     """A suite over the columns of a generation table: text, finish_reason and derived checks."""
     suite = gx.ExpectationSuite(name=name)
+    if json_schema is not None:
+        suite.add_expectation(ExpectOutputToMatchJsonSchema(json_schema=json_schema, meta={"batchgen_id": "json_schema"}))
     if spec.min_chars is not None or spec.max_chars is not None:
         suite.add_expectation(gxe.ExpectColumnValueLengthsToBeBetween(
             column="text", min_value=spec.min_chars, max_value=spec.max_chars,

@@ -64,6 +64,8 @@ def batch_generation(
     timings: dict[str, float] = {}
     clock = time.perf_counter()
     spec = resolve_job(job, limit, max_tokens, output_dir, overrides)
+    for note in spec.sampling.notes():
+        print(f"sampling: {note}")
 
     loaded = load_items_task(spec)
     prompts = build_prompts_task(spec, loaded)

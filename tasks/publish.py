@@ -38,7 +38,7 @@ def publish_task(
 ) -> dict[str, Any]:
     """Write accepted, rejected, every attempt, the GX results and the manifest into a new publication; switch to it."""
     final = latest_attempts(attempts)
-    result = assemble(loaded.items, loaded.columns, loaded.rejected + prompts.built.rejected, final)
+    result = assemble(loaded.items, loaded.columns, loaded.rejected + prompts.built.rejected, final, job.sampling)
     manifest = build_manifest(
         job, {"name": prompts.model.name, "path": prompts.model.path}, engine_args, result.accepted,
         result.rejected, attempts, reused, fresh_output_tokens, timings, started_at, flow_run.get_id(),

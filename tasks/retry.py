@@ -16,7 +16,8 @@ def plan_retry_task(job: JobSpec, attempts: pd.DataFrame, max_model_len: int, pa
     """Requests for the candidates whose latest attempt ended with finish_reason 'length'."""
     latest = latest_attempts(attempts)
     cut = int((latest["finish_reason"] == "length").sum()) if len(latest) else 0
-    requests = plan_retries(latest, job.retry, max_model_len)
+    requests = plan_retries(latest, job.retry, max_model_len,
+                            job.sampling.candidates if job.sampling.use_beam_search else None)
     print(f"retry pass {pass_number}: {cut} outputs cut off by max_tokens, {len(requests)} can grow "
           f"({job.retry.strategy}, budgets up to {max((r.max_tokens for r in requests), default=0)})")
     return requests

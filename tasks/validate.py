@@ -39,7 +39,8 @@ def expectation_table(result: dict[str, Any]) -> list[dict[str, Any]]:
 @task(name="validate", cache_policy=NO_CACHE)
 def validate_task(job: JobSpec, rows: pd.DataFrame, keywords: pd.Series | None, label: str) -> Validated:
     """Run the GX suite; every row gets passed/failed and the expectations it failed."""
-    validation = validate_rows(rows, job.expectations, keywords, suite_name=f"{job.name}-outputs")
+    validation = validate_rows(rows, job.expectations, keywords, suite_name=f"{job.name}-outputs",
+                               json_schema=job.sampling.json_schema)
     keys = prepare_frame(rows, keywords)[ROW_KEY] if len(rows) else pd.Series(dtype=str)
     verdicts = validation.verdicts.set_index(ROW_KEY)
     out = rows.reset_index(drop=True).copy()

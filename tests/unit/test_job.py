@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from batchgen.job import JobError, JobSpec, load_job, parse_overrides
+from batchgen.job import JobError, JobSpec, job_from_dict, load_job, parse_overrides
 
 BASE: dict[str, Any] = {
     "name": "products",
@@ -84,8 +84,22 @@ def test_absolute_paths_are_kept(tmp_path):
 
 BAD_JOBS = [
     pytest.param(job_with(sampling={"max_tokn": 64}), ["sampling.max_tokn", "unknown field"], id="unknown-field"),
-    pytest.param(job_with(prompt={"template": None}), ["prompt.template", "required field is missing"],
+    pytest.param(job_with(prompt={"template": None}), ["prompt.template is missing", "messages_column"],
                  id="missing-template"),
+    pytest.param(job_with(prompt={"messages_column": "chat"}), ["prompt", "either template or messages_column"],
+                 id="template-and-messages"),
+    pytest.param(job_with(sampling={"best_of": 3, "n": 2}), ["sampling", "best_of (3) with n (2)"],
+                 id="best-of-and-n"),
+    pytest.param(job_with(sampling={"selection": "longest"}), ["sampling.selection", "first_passing"],
+                 id="unknown-selection"),
+    pytest.param(job_with(sampling={"beam_width": 3}), ["sampling", "beam_width needs use_beam_search"],
+                 id="beam-width-without-beam-search"),
+    pytest.param(job_with(sampling={"json_schema": {"type": "objekt"}}), ["sampling", "not a valid JSON schema"],
+                 id="bad-json-schema"),
+    pytest.param(job_with(sampling={"json_schema": {"type": "object", "properties": {"text": {"type": "string"}}}}),
+                 ["sampling.json_schema", "property 'text'", "rename"], id="json-field-shadows-column"),
+    pytest.param(job_with(sampling={"overrides": {"top_p": "p"}}), ["sampling.overrides", "max_tokens"],
+                 id="override-not-allowed"),
     pytest.param(job_with(sampling={"max_tokens": 0}), ["sampling.max_tokens", "greater than or equal to 1"],
                  id="max-tokens-0"),
     pytest.param(job_with(expectations={"min_chars": 50, "max_chars": 10}),
@@ -93,7 +107,6 @@ BAD_JOBS = [
     pytest.param(job_with(expectations={"must_match": ["(unclosed"]}),
                  ["expectations.must_match", "'(unclosed' is not a valid regex"], id="bad-regex"),
     pytest.param(job_with(sampling={"seed": 1}), ["sampling", "engine.seed"], id="sampling-seed"),
-    pytest.param(job_with(sampling={"best_of": 3}), ["sampling", "best_of", "set n"], id="best-of"),
     pytest.param(job_with(prompt={"style": "completion"}), ["prompt", "system message needs style 'chat'"],
                  id="system-with-completion"),
 ]
@@ -198,3 +211,24 @@ def test_fingerprint_changes_with_what_shapes_the_outputs(tmp_path, changes):
 ], ids=["output-dir", "output-jsonl", "name"])
 def test_fingerprint_ignores_where_outputs_go(tmp_path, data):
     assert _fingerprint(tmp_path, data) == _fingerprint(tmp_path, BASE)
+
+
+@pytest.mark.parametrize(("sampling", "n", "selection"), [
+    ({"best_of": 4, "n": 1}, 4, "max_logprob"),
+    ({"best_of": 4, "n": 4}, 4, "max_logprob"),
+    ({"best_of": 3, "n": 1, "selection": "first_passing"}, 3, "first_passing"),
+])
+def test_best_of_is_read_as_n_candidates_and_a_selection(tmp_path, sampling, n, selection):
+    job = load_job(write_job(tmp_path, job_with(sampling=sampling)))
+    assert (job.sampling.n, job.sampling.selection, job.sampling.candidates) == (n, selection, n)
+    assert any("best_of" in note and "vLLM V1 has no best_of" in note for note in job.sampling.notes())
+    # a dumped job validates to the same job (the Prefect UI and --set overrides re-validate it)
+    assert job_from_dict(job.model_dump(mode="json")).sampling == job.sampling
+
+
+def test_beam_search_candidates_are_the_beam_width(tmp_path):
+    job = load_job(write_job(tmp_path, job_with(sampling={"use_beam_search": True, "beam_width": 3, "n": 1})))
+    assert job.sampling.candidates == 3 and job.sampling.n == 1
+    assert any("beam search" in note for note in job.sampling.notes())
+    with pytest.raises(JobError, match="beam_width .3. and n .2. disagree"):
+        load_job(write_job(tmp_path, job_with(sampling={"use_beam_search": True, "beam_width": 3, "n": 2})))

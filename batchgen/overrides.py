@@ -1,0 +1,110 @@
+"""Per-row sampling overrides: a column may set max_tokens or temperature for its own row.
+
+A blank cell keeps the job's value; a value that is not usable rejects that row (reason
+`invalid_override`, the detail names the row, the field and the column) before the engine
+sees it, since vLLM refuses a whole call for one bad SamplingParams.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from batchgen.items import Rejection
+from batchgen.job import JobError, SamplingSpec
+from batchgen.prompts import BuiltPrompts
+
+
+def check_override_columns(sampling: SamplingSpec, columns: list[str]) -> None:
+    """Fail before the engine loads when an override names a column the input lacks."""
+    for name, column in sampling.overrides.items():
+        if column not in columns:
+            raise JobError(f"sampling.overrides.{name}: {column!r} is not a column of the input "
+                           f"(columns: {', '.join(columns) or 'none'})")
+
+
+def _blank(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return not value.strip()
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def parse_max_tokens(value: Any, sampling: SamplingSpec) -> int:
+    """A row's max_tokens: a whole number >= 1 and >= sampling.min_tokens (text, int or integral float)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a whole number")
+    try:
+        number = float(value.strip()) if isinstance(value, str) else float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{value!r} is not a whole number") from None
+    if not math.isfinite(number) or number != int(number):
+        raise ValueError(f"{value!r} is not a whole number")
+    budget = int(number)
+    if budget < 1:
+        raise ValueError(f"{budget} is below 1")
+    if budget < sampling.min_tokens:
+        raise ValueError(f"{budget} is below sampling.min_tokens ({sampling.min_tokens})")
+    return budget
+
+
+def parse_temperature(value: Any) -> float:
+    """A row's temperature: a finite number >= 0."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a number")
+    try:
+        number = float(value.strip()) if isinstance(value, str) else float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{value!r} is not a number") from None
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{value!r} is not a number >= 0")
+    return number
+
+
+PARSERS = {
+    "max_tokens": lambda value, sampling: parse_max_tokens(value, sampling),
+    "temperature": lambda value, sampling: parse_temperature(value),
+}
+
+
+def apply_overrides(built: BuiltPrompts, items: pd.DataFrame, sampling: SamplingSpec,
+                    columns: list[str]) -> BuiltPrompts:
+    """Add each prompt's own max_tokens / temperature (null: the job's); reject rows whose value is unusable."""
+    if not sampling.overrides:
+        return built
+    rows = items.set_index("item_id")
+    values: dict[str, list[Any]] = {name: [] for name in sampling.overrides}
+    keep, rejected = [], list(built.rejected)
+    for position, item_id in enumerate(built.prompts["item_id"]):
+        row = rows.loc[item_id]
+        problems, parsed = [], {}
+        for name, column in sampling.overrides.items():
+            cell = row[column]
+            if _blank(cell):
+                parsed[name] = None
+                continue
+            try:
+                parsed[name] = PARSERS[name](cell, sampling)
+            except ValueError as exc:
+                problems.append(f"sampling.overrides.{name} (column {column}): {exc}")
+        if problems:
+            number = int(row["row_number"])
+            rejected.append(Rejection(str(item_id), number, "prompt", ["invalid_override"],
+                                      f"row {number}: " + "; ".join(problems),
+                                      {name: row[name] for name in columns}))
+            continue
+        keep.append(position)
+        for name in sampling.overrides:
+            values[name].append(parsed[name])
+    prompts = built.prompts.iloc[keep].reset_index(drop=True)
+    if "max_tokens" in values:
+        prompts["max_tokens"] = pd.array(values["max_tokens"], dtype="Int64")
+    if "temperature" in values:
+        prompts["temperature"] = pd.array(values["temperature"], dtype="Float64")
+    return BuiltPrompts(prompts=prompts, rejected=rejected)
