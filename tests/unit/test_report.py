@@ -193,3 +193,13 @@ def test_a_directory_without_a_publication_is_named_in_the_error(tmp_path):
         write_report(tmp_path)
     with pytest.raises(NotAPublicationError, match="is not a directory"):
         write_report(tmp_path / "nowhere")
+
+
+def test_a_run_where_every_output_is_rejected_still_gets_a_full_report(tmp_path):
+    manifest = make_publication(tmp_path / "run", ExpectationsSpec(min_chars=500))
+    assert manifest["counts"]["accepted"] == 0
+    page = write_report(tmp_path / "run").read_text(encoding="utf-8")
+    assert len(re.findall(r'<img class="chart"[^>]+src="data:image/png;base64,', page)) == 4
+    assert 'data-count="accepted">0<' in page
+    assert "Sample of accepted outputs (0 of 0)" in page
+    assert page.count('<span class="reason">length</span>') == 5  # p6 was rejected before generation
