@@ -279,13 +279,14 @@ def beam_search_chunk(llm: Any, chunk: list[tuple[str, GenRequest]], base: dict[
     for key, request in chunk:
         temperature = base["temperature"] if request.temperature is None else request.temperature
         groups.setdefault((request.max_tokens, temperature), []).append((key, request))
-    rows = []
+    started = time.perf_counter()
+    searched = []
     for (budget, temperature), group in groups.items():
-        started = time.perf_counter()
         params = BeamSearchParams(beam_width=base["beam_width"], max_tokens=budget, temperature=temperature,
                                   length_penalty=base["length_penalty"], ignore_eos=base["ignore_eos"])
         outputs = llm.beam_search([TokensPrompt(prompt_token_ids=r.prompt_token_ids) for _, r in group], params)
-        seconds, finished_at = time.perf_counter() - started, datetime.now(timezone.utc)
-        rows.extend(row for (key, request), output in zip(group, outputs)
-                    for row in beam_rows(request, output, key, seconds, finished_at, tokenizer, keep_logprobs))
-    return rows
+        searched.extend(zip(group, outputs))
+    # one chunk, one time: the generate task's rates read chunk_seconds from the chunk's first row
+    seconds, finished_at = time.perf_counter() - started, datetime.now(timezone.utc)
+    return [row for (key, request), output in searched
+            for row in beam_rows(request, output, key, seconds, finished_at, tokenizer, keep_logprobs)]
