@@ -74,12 +74,6 @@ def content_id(row: dict[str, Any]) -> str:
     return "h" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:15]
 
 
-def check_input(spec: InputSpec) -> None:
-    """Cheap checks that need no reading: the file exists, is a file, is not empty, has a known format."""
-    _check_file(Path(spec.path))
-    detect_format(spec)
-
-
 def _check_file(path: Path) -> None:
     if not path.exists():
         raise DataError(f"{path}: input file not found")
