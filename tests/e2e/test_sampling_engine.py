@@ -119,7 +119,7 @@ def test_n_candidates_selection_and_best_of_on_the_same_candidates(tmp_path, pre
 def test_beam_search_returns_beam_width_ranked_candidates(tmp_path, prefect_server):
     job = product_job(tmp_path, 3, engine=ENGINE,
                       sampling={"use_beam_search": True, "beam_width": 3, "length_penalty": 1.0,
-                                "max_tokens": 12, "temperature": 0.0, "stop": []},
+                                "max_tokens": 8, "temperature": 0.0, "stop": []},
                       expectations={"min_chars": 1, "keyword_column": None, "require_stop": False},
                       retry={"max_passes": 0})
     job["sampling"].pop("top_p")
@@ -135,7 +135,7 @@ def test_beam_search_returns_beam_width_ranked_candidates(tmp_path, prefect_serv
     assert attempts.groupby("item_id")["candidate"].apply(sorted).tolist() == [[0, 1, 2]] * 3
     for _, beams in attempts.groupby("item_id"):
         beams = beams.sort_values("candidate")
-        assert beams["text"].str.len().gt(0).all() and beams["n_output_tokens"].le(12).all()
+        assert beams["text"].str.len().gt(0).all() and beams["n_output_tokens"].le(8).all()
         assert beams["text"].nunique() == 3  # distinct beams
         # vLLM's beam score: cumulative_logprob / (prompt + output tokens, EOS not counted) ** length_penalty
         lengths = [p + n - (1 if len(ids) and ids[-1] == eos else 0)
@@ -143,7 +143,7 @@ def test_beam_search_returns_beam_width_ranked_candidates(tmp_path, prefect_serv
         scores = [lp / length for lp, length in zip(beams["cumulative_logprob"], lengths)]
         assert scores == sorted(scores, reverse=True)
         assert set(beams["finish_reason"]) <= {"stop", "length"}
-        assert all((r == "length") == (n == 12 and ids[-1] != eos)
+        assert all((r == "length") == (n == 8 and ids[-1] != eos)
                    for r, n, ids in zip(beams["finish_reason"], beams["n_output_tokens"], beams["token_ids"]))
     # first_passing under beam search publishes the best beam that passes: here the best beam.
     assert sorted(results["item_id"]) == sorted(attempts["item_id"].unique())
