@@ -57,3 +57,29 @@ test-fast: setup
 
 clean:
 	rm -rf out .prefect test-artifacts
+
+# --- Prefect server, UI, deployments ------------------------------------------------------
+# `make ui` in one terminal; `make deploy` and `make worker` in another. The server keeps its
+# run history in $(PREFECT_HOME)/prefect.db (SQLite), or in PostgreSQL when
+# PREFECT_API_DATABASE_CONNECTION_URL=postgresql+asyncpg://user:pass@host/db is set.
+PREFECT_PORT ?= 4200
+SERVER_API := http://127.0.0.1:$(PREFECT_PORT)/api
+POOL ?= batchgen
+
+.PHONY: ui deploy worker serve
+
+ui: setup
+	$(VENV)/bin/batchgen ui --port $(PREFECT_PORT)
+
+deploy: setup examples/data/products.csv
+	@curl -sf -m 3 $(SERVER_API)/health >/dev/null || { echo "no Prefect server at $(SERVER_API): run 'make ui' first"; exit 1; }
+	PREFECT_API_URL=$(SERVER_API) $(VENV)/bin/prefect work-pool inspect $(POOL) >/dev/null 2>&1 || \
+	  PREFECT_API_URL=$(SERVER_API) $(VENV)/bin/prefect work-pool create $(POOL) --type process
+	PREFECT_API_URL=$(SERVER_API) BATCHGEN_ROOT=$(CURDIR) $(VENV)/bin/prefect --no-prompt deploy --all \
+	  --prefect-file deployments/prefect.yaml
+
+worker: setup examples/data/products.csv
+	PREFECT_API_URL=$(SERVER_API) $(VENV)/bin/prefect worker start --pool $(POOL) --limit 1
+
+serve: setup examples/data/products.csv
+	PREFECT_API_URL=$(SERVER_API) $(VENV)/bin/batchgen serve examples/product_descriptions.yaml --cron "0 2 * * *"

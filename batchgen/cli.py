@@ -176,6 +176,50 @@ def report(
     typer.echo(str(path))
 
 
+@app.command()
+def ui(
+    port: Annotated[int, typer.Option(help="Port of the server and its UI.")] = 4200,
+    host: Annotated[str, typer.Option(help="Address to listen on; loopback by default.")] = "127.0.0.1",
+) -> None:
+    """Start a Prefect server with its UI (runs, deployments, artifacts) at http://HOST:PORT.
+
+    Run history is kept in $PREFECT_HOME/prefect.db (SQLite), or in PostgreSQL when
+    PREFECT_API_DATABASE_CONNECTION_URL=postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DB is set.
+    Point runs, `prefect deploy` and workers at it with PREFECT_API_URL=http://HOST:PORT/api.
+    """
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    typer.echo(f"batchgen: Prefect UI at http://{host}:{port} (PREFECT_API_URL=http://{host}:{port}/api)", err=True)
+    os.execv(prefect, [prefect, "server", "start", "--host", host, "--port", str(port)])
+
+
+@app.command()
+def serve(
+    job: JobArg,
+    name: Annotated[Optional[str], typer.Option(help="Deployment name; the job's name by default.")] = None,
+    cron: Annotated[Optional[str], typer.Option(help='A cron schedule, e.g. "0 2 * * *" (UTC).')] = None,
+    interval: Annotated[Optional[int], typer.Option(min=1, help="Or a schedule every N seconds.")] = None,
+    limit: LimitOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Serve the job as a deployment from this process: no work pool or worker needed.
+
+    The deployment `batch-generation/NAME` appears in the UI of the server PREFECT_API_URL points at;
+    runs fire on the schedule, from the UI's Run button, or `prefect deployment run`, and execute
+    here, one at a time, with one engine. Stop with Ctrl-C.
+    """
+    _quiet_libraries(False)
+    spec = _load(job, limit, set_)
+    from flows.batch_generation import batch_generation
+
+    parameters: dict = {"job": str(job.resolve())}
+    if limit:
+        parameters["limit"] = limit
+    if set_:
+        parameters["overrides"] = list(set_)
+    batch_generation.serve(name=name or spec.name, parameters=parameters, cron=cron, interval=interval,
+                           limit=1, description=f"{spec.name}: served by `batchgen serve {job}`")
+
+
 def main() -> None:
     sys.exit(app())
 

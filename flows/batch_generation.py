@@ -12,10 +12,11 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pandas as pd
 from prefect import flow
+from pydantic import Field
 
 from batchgen.generation import first_pass_requests
 from batchgen.job import JobSpec, load_job, parse_overrides, job_from_dict
@@ -54,12 +55,20 @@ FLOW_RETRIES, FLOW_RETRY_DELAY_SECONDS = 1, 10
 @flow(name="batch-generation", log_prints=True, retries=FLOW_RETRIES, retry_delay_seconds=FLOW_RETRY_DELAY_SECONDS)
 def batch_generation(
     job: JobSpec | str,
-    limit: int | None = None,
-    max_tokens: int | None = None,
+    limit: Annotated[int | None, Field(ge=1)] = None,
+    max_tokens: Annotated[int | None, Field(ge=1)] = None,
     output_dir: str | None = None,
     overrides: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Generate one output per input item, validate, retry cut-off outputs, publish; returns the manifest."""
+    """Generate one output per input item, validate, retry cut-off outputs, publish; returns the manifest.
+
+    Args:
+        job: A job file path (relative to the project folder when run by a deployment), or the job itself.
+        limit: Only the first N input rows.
+        max_tokens: The first pass's sampling.max_tokens.
+        output_dir: Publish here instead of the job's output.dir.
+        overrides: More job settings as key=value, e.g. sampling.temperature=0.2 or input.path=data/x.csv.
+    """
     started_at = datetime.now(timezone.utc)
     timings: dict[str, float] = {}
     clock = time.perf_counter()

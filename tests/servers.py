@@ -1,0 +1,136 @@
+"""Real servers for tests: a Prefect server on loopback and process workers, started and stopped by the test."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts"
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM the process group (a worker's flow-run processes and their engines too), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+class PrefectServer:
+    """`prefect server start` on 127.0.0.1 with its own PREFECT_HOME (SQLite unless a database URL is given)."""
+
+    def __init__(self, home: Path, log_name: str, env: dict[str, str] | None = None):
+        self.home = Path(home)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api_url = f"{self.url}/api"
+        self.log = ARTIFACTS / log_name
+        self.extra_env = dict(env or {})
+        self.proc: subprocess.Popen | None = None
+
+    def env(self, **more: str) -> dict[str, str]:
+        """The environment for a process that talks to this server."""
+        env = {**os.environ, "PREFECT_HOME": str(self.home), "PREFECT_API_URL": self.api_url,
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **self.extra_env, **more}
+        env.pop("PREFECT_TEST_MODE", None)
+        return env
+
+    def start(self, timeout: float = 180) -> "PrefectServer":
+        self.home.mkdir(parents=True, exist_ok=True)
+        ARTIFACTS.mkdir(exist_ok=True)
+        env = self.env(
+            # Fire schedules and notice new deployments within seconds, not the default minute.
+            PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="5",
+            PREFECT_SERVER_SERVICES_SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS="2",
+            PREFECT_UI_API_URL=self.api_url,
+        )
+        env.pop("PREFECT_API_URL")
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prefect server exited with {self.proc.returncode}; see {self.log}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return self
+            time.sleep(1)
+        self.stop()
+        raise TimeoutError(f"prefect server did not answer in {timeout} s; see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+            self.proc = None
+
+    def client(self):
+        """A synchronous Prefect client for this server (use as a context manager)."""
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        @contextlib.contextmanager
+        def connect():
+            with temporary_settings(updates={PREFECT_API_URL: self.api_url}):
+                with get_client(sync_client=True) as client:
+                    yield client
+
+        return connect()
+
+    def prefect(self, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+        """Run the `prefect` command line against this server, from the project folder."""
+        return subprocess.run([PREFECT, "--no-prompt", *args], env=self.env(**env), cwd=ROOT, capture_output=True,
+                              text=True, timeout=timeout)
+
+
+@contextlib.contextmanager
+def worker(server: PrefectServer, pool: str, name: str, **env: str) -> Iterator[subprocess.Popen]:
+    """`prefect worker start` in its own process group; stopped (with its flow runs) on exit."""
+    log = ARTIFACTS / f"{name}.log"
+    ARTIFACTS.mkdir(exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [PREFECT, "worker", "start", "--pool", pool, "--name", name, "--limit", "1"],
+            env=server.env(PREFECT_WORKER_QUERY_SECONDS="2", PREFECT_WORKER_PREFETCH_SECONDS="5", **env),
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        _stop(proc)
+
+
+def wait_for_flow_run(client, flow_run_id, timeout: float = 900, log: Path | None = None):
+    """Poll until the flow run reaches a final state; returns the flow run."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = client.read_flow_run(flow_run_id)
+        if run.state is not None and run.state.type.value in FINAL_STATES:
+            return run
+        time.sleep(2)
+    tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+    raise TimeoutError(f"flow run {flow_run_id} not finished in {timeout} s (state {run.state}):\n{tail}")
