@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from batchgen.items import Rejection
@@ -64,6 +65,31 @@ def choose_candidate(candidates: pd.DataFrame, selection: str = "first_passing",
     return ordered.iloc[0], False
 
 
+def choose_candidates(final: pd.DataFrame, selection: str = "first_passing",
+                      beam: bool = False) -> pd.DataFrame:
+    """`choose_candidate` for every item at once (one sort instead of one per item): the chosen row of each
+    item, in the order items first appear in `final`, with `_n_candidates` and `_n_passing`."""
+    frame = final.reset_index(drop=True)
+    codes, _ = pd.factorize(frame["item_id"])
+    passed = frame["passed"].astype(bool).to_numpy()
+    keys = pd.DataFrame({"_item": codes, "_candidate": frame["candidate"].to_numpy()})
+    by = ["_item"]
+    if selection != "max_logprob":
+        keys["_fail"] = ~passed  # first_passing: a passing candidate first, else the best-scored one
+        by.append("_fail")
+    if not (beam and selection == "first_passing"):
+        score = pd.to_numeric(frame["cumulative_logprob"], errors="coerce").fillna(float("-inf"))
+        keys["_score"] = -score.to_numpy()
+        by.append("_score")
+    by.append("_candidate")
+    first = keys.sort_values(by, kind="stable").drop_duplicates("_item", keep="first")
+    chosen = frame.loc[first.index].reset_index(drop=True)
+    n_items = len(first)
+    chosen["_n_candidates"] = np.bincount(codes, minlength=n_items)[first["_item"].to_numpy()]
+    chosen["_n_passing"] = np.bincount(codes, weights=passed, minlength=n_items).astype(int)[first["_item"].to_numpy()]
+    return chosen
+
+
 def structured_columns(schema: dict[str, Any] | None) -> list[str]:
     """The published columns of a JSON schema: its top-level properties."""
     return list((schema or {}).get("properties", {}))
@@ -112,21 +138,24 @@ def assemble(
         for r in early_rejections
     ]
     generated = set()
-    for item_id, candidates in final.groupby("item_id", sort=False):
+    picked = choose_candidates(final, sampling.selection, sampling.use_beam_search) if len(final) else final
+    copied = [f for f in fields if f in picked.columns and f not in ("item_id", "row_number", "input")]
+    for chosen in picked.to_dict(orient="records"):
+        item_id = chosen["item_id"]
         generated.add(item_id)
-        chosen, ok = choose_candidate(candidates, sampling.selection, sampling.use_beam_search)
+        ok, n_candidates = bool(chosen["passed"]), int(chosen["_n_candidates"])
         base = {"item_id": item_id, "row_number": numbers.get(item_id), "input": inputs.get(item_id)}
         if ok:
-            row = {**base, **{f: chosen[f] for f in fields if f in chosen.index and f not in base}}
-            row.update(n_candidates=len(candidates), n_passing=int(candidates["passed"].astype(bool).sum()),
+            row = {**base, **{f: chosen[f] for f in copied}}
+            row.update(n_candidates=n_candidates, n_passing=int(chosen["_n_passing"]),
                        selection=sampling.selection, **structured_values(chosen["text"], extra))
             accepted.append(row)
         else:
             reasons = list(chosen["failed"])
-            which = " (highest cumulative_logprob)" if sampling.selection == "max_logprob" and len(candidates) > 1 else ""
+            which = " (highest cumulative_logprob)" if sampling.selection == "max_logprob" and n_candidates > 1 else ""
             rejected.append({
                 **base, "stage": "validate", "reasons": reasons,
-                "detail": f"candidate {int(chosen['candidate'])}{which} of {len(candidates)} failed: "
+                "detail": f"candidate {int(chosen['candidate'])}{which} of {n_candidates} failed: "
                           f"{', '.join(reasons)}",
                 "candidate": chosen["candidate"], "attempt": chosen["attempt"], "text": chosen["text"],
                 "finish_reason": chosen["finish_reason"], "n_output_tokens": chosen["n_output_tokens"],
