@@ -34,11 +34,15 @@ def _mb(value: Any) -> str:
     return "–" if value is None else f"{value:,.0f}"
 
 
+def _load(pair: Any) -> str:
+    return "–" if not pair else " → ".join(f"{x:.2f}" for x in pair)
+
+
 def method_table(methods: dict[str, dict[str, Any]]) -> list[str]:
     lines = [
         "| method | items measured | wall (s) | output tokens | output tokens/s | items/s | first result (s) "
-        "| peak RSS (MB) | vs raw vLLM |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| peak RSS (MB) | vs raw vLLM | load avg (1 min, before → after) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for key in ("flow", "generation", "raw_vllm", "serial_loop", "hf_static"):
         m = methods.get(key)
@@ -49,7 +53,7 @@ def method_table(methods: dict[str, dict[str, Any]]) -> list[str]:
             f"| {label} | {_num(m['items'])} | {_num(m['wall_seconds'])} | {_num(m['output_tokens'])} "
             f"| {_num(m['output_tokens_per_second'])} | {_num(m['items_per_second'], 2)} "
             f"| {_num(m['time_to_first_result_seconds'], 2)} | {_mb(m['peak_rss_mb'])} "
-            f"| {_num(m.get('ratio_vs_raw'), 3)} |"
+            f"| {_num(m.get('ratio_vs_raw'), 3)} | {_load(m.get('loadavg_1min'))} |"
         )
     return lines
 
@@ -94,7 +98,11 @@ def render_markdown(result: dict[str, Any]) -> str:
             f"Flow timings: load and prompts {over['load_and_prompts_seconds']:.1f} s, generate task "
             f"{over['generate_seconds']:.1f} s, validate and the rest before publish "
             f"{over['validate_and_rest_seconds']:.1f} s, publish and Prefect bookkeeping "
-            f"{over['publish_and_prefect_seconds']:.1f} s. Engine calls alone ran at "
+            f"{over['publish_and_prefect_seconds']:.1f} s"
+            + (f", of which {over['report_build_seconds']:.1f} s build report.html and the GX Data Docs (a fixed "
+               f"cost per run: {over['per_item_ms_without_report']:.1f} ms per item without it)"
+               if over.get("report_build_seconds") is not None else "")
+            + ". Engine calls alone ran at "
             f"{_num(over['engine_calls_output_tokens_per_second'])} output tokens/s "
             f"({over['engine_calls']} call(s) of at most {config['chunk_size']} prompts, vs one call for raw vLLM).",
             "",
