@@ -176,6 +176,44 @@ def report(
     typer.echo(str(path))
 
 
+@app.command("run-sharded")
+def run_sharded(
+    job: Annotated[str, typer.Argument(help="The job file, as the workers see it (relative to their project "
+                                            "folder, or absolute).", show_default=False)],
+    shards: Annotated[int, typer.Option(min=1, help="Number of shards (deployment runs).")] = 2,
+    deployment: Annotated[str, typer.Option(help="The batch-generation deployment each shard runs as.")] =
+    "batch-generation/product-descriptions",
+    output_dir: Annotated[Optional[str], typer.Option(help="Shared folder for the shards and the merged "
+                                                          "publication; the job's output.dir by default.")] = None,
+    limit: LimitOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Run a job as N shards on a work pool's workers (each with its own engine), then publish one merged dataset.
+
+    Needs a Prefect server (PREFECT_API_URL), the deployment registered (`make deploy`) and workers on its
+    pool (`make worker`, one per machine or GPU). A shard whose run fails or whose worker dies is run again;
+    finished shards are not.
+    """
+    _quiet_libraries(False)
+    from batchgen.items import DataError
+    from batchgen.job import JobError
+
+    try:
+        from flows.sharded_batch_generation import sharded_batch_generation
+
+        manifest = sharded_batch_generation(job, shards=shards, deployment=deployment, limit=limit,
+                                            output_dir=output_dir, overrides=list(set_ or []))
+    except JobError as exc:
+        _fail(EXIT_BAD_JOB, str(exc))
+    except DataError as exc:
+        _fail(EXIT_BAD_DATA, str(exc))
+    except Exception as exc:
+        _fail(EXIT_RUN_FAILED, f"the run failed: {type(exc).__name__}: {exc}")
+    typer.echo(json.dumps({"publication": manifest["publication"], "counts": manifest["counts"],
+                           "shards": [{k: s[k] for k in ("shard", "flow_run_id")} for s in manifest["shards"]]},
+                          indent=2))
+
+
 @app.command()
 def ui(
     port: Annotated[int, typer.Option(help="Port of the server and its UI.")] = 4200,

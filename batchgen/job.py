@@ -33,6 +33,17 @@ class InputSpec(_Section):
         None, description="Column with a unique item id; otherwise a stable id is hashed from the row."
     )
     limit: int | None = Field(None, ge=1, description="Use only the first N rows.")
+    shard_count: int | None = Field(
+        None, ge=1, description="Split the input into this many shards by a stable hash of the item id...")
+    shard_index: int | None = Field(None, ge=0, description="...and take only this one (0-based).")
+
+    @model_validator(mode="after")
+    def _shard_pair(self) -> InputSpec:
+        if (self.shard_count is None) != (self.shard_index is None):
+            raise ValueError("set shard_count and shard_index together")
+        if self.shard_count is not None and self.shard_index >= self.shard_count:
+            raise ValueError(f"shard_index {self.shard_index} is not below shard_count {self.shard_count}")
+        return self
 
 
 class PromptSpec(_Section):

@@ -111,6 +111,23 @@ def stage(
         REJECTED: to_table(rejected, rejected_schema(struct)),
         ATTEMPTS: to_table(attempts, attempts_schema()),
     }
+    return stage_tables(out_dir, tables, validation, manifest, jsonl, publication=publication, staging=staging)
+
+
+def stage_tables(
+    out_dir: Path,
+    tables: dict[str, pa.Table],
+    validation: list[dict[str, Any]],
+    manifest: dict[str, Any],
+    jsonl: bool,
+    publication: str | None = None,
+    staging: Path | None = None,
+) -> tuple[dict[str, Any], Path]:
+    """`stage` for tables that are already Arrow (e.g. shard publications merged into one)."""
+    if staging is None:
+        publication = new_publication_id()
+        staging = Path(out_dir) / PUBLICATIONS / publication
+        staging.mkdir(parents=True)
     files: dict[str, dict[str, Any]] = {}
     for name, table in tables.items():
         path = staging / name

@@ -7,6 +7,7 @@ from prefect.cache_policies import NO_CACHE
 
 from batchgen.items import LoadedItems, load_items
 from batchgen.job import JobSpec
+from batchgen.shards import select_shard
 
 
 # Inputs are files that may change under the same path: never served from a cache.
@@ -14,5 +15,9 @@ from batchgen.job import JobSpec
 def load_items_task(job: JobSpec) -> LoadedItems:
     """Read the input file; unusable rows become rejections."""
     loaded = load_items(job.input)
-    print(f"load: {len(loaded.items)} items from {job.input.path}, {len(loaded.rejected)} rejected")
+    shard = ""
+    if job.input.shard_count is not None:
+        loaded = select_shard(loaded, job.input.shard_index, job.input.shard_count)
+        shard = f" (shard {job.input.shard_index + 1} of {job.input.shard_count})"
+    print(f"load: {len(loaded.items)} items from {job.input.path}{shard}, {len(loaded.rejected)} rejected")
     return loaded

@@ -1,0 +1,118 @@
+"""The sharded-batch-generation flow: split a job into shards, run each as a deployment run, merge.
+
+Each shard is a run of a `batch-generation` deployment on a work pool, so it runs on
+whichever worker picks it up, with that worker's own engine; a worker started with
+`--limit 1` holds one engine at a time. Shards publish into `<out>/shards/<i>-of-<n>/`
+(shared storage every worker reaches) and keep their result stores there, so a shard
+rerun elsewhere resumes from the last committed chunk. The merge publishes one dataset
+with one manifest into `<out>/`, every item exactly once.
+
+Run it as `batchgen run-sharded JOB --shards N`, or call `sharded_batch_generation(...)`.
+"""
+
+from __future__ import annotations
+
+import batchgen  # noqa: F401  (first: sets process defaults before Prefect reads its settings)
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import INPUTS, RUN_ID
+from prefect.deployments import run_deployment
+from prefect.runtime import flow_run
+from pydantic import Field
+
+from batchgen.items import load_items
+from batchgen.job import JobSpec
+from batchgen.publish import CURRENT, commit
+from batchgen.report import write_report
+from batchgen.shards import expected_ids, merge_shards, shard_dir
+from batchgen.summary import summary_markdown
+from flows.batch_generation import resolve_job
+from tasks.zombies import ensure_crash_detection
+
+DEFAULT_DEPLOYMENT = "batch-generation/product-descriptions"
+
+
+class ShardFailed(RuntimeError):
+    """A shard's flow run ended in a state other than Completed."""
+
+
+# Within one run of this flow a finished shard is served from the task cache (a retry of
+# the whole flow redoes only the shards that failed); a new run of the flow reruns every
+# shard, which costs little: each shard's result store answers what was generated before.
+@task(name="run-shard", retries=2, retry_delay_seconds=5, cache_policy=INPUTS + RUN_ID, persist_result=True)
+def run_shard_task(deployment: str, parameters: dict[str, Any], label: str) -> str:
+    """Run one shard as a deployment run and wait for it; a failed or crashed run is retried as a new run."""
+    run = run_deployment(name=deployment, parameters=parameters, timeout=None, as_subflow=True,
+                         tags=["batchgen-shard"])
+    state = run.state
+    if state is None or not state.is_completed():
+        raise ShardFailed(f"{label}: flow run {run.name} ({run.id}) ended {state.name if state else 'without a state'}"
+                          f": {state.message if state else ''}")
+    print(f"{label}: flow run {run.name} completed")
+    return str(run.id)
+
+
+@task(name="merge-shards", cache_policy=None)
+def merge_task(job: JobSpec, shard_dirs: list[Path], ids: list[str], started_at: datetime) -> dict[str, Any]:
+    """Publish the shards' outputs as one dataset with one manifest (checked: every item exactly once)."""
+    out_dir = Path(job.output.dir)
+    identity = {"job": job.name, "job_fingerprint": job.fingerprint(), "flow_name": flow_run.get_flow_name(),
+                "flow_run_id": flow_run.get_id(), "started_at": started_at.isoformat(),
+                "input": job.input.model_dump(mode="json")}
+    written, staging = merge_shards(out_dir, shard_dirs, ids, identity, job.output.jsonl)
+    write_report(staging)
+    published = commit(out_dir, staging, job.output.keep)
+    create_markdown_artifact(markdown=summary_markdown(written), key="sharded-summary",
+                             description=f"{job.name}: merged run summary ({len(shard_dirs)} shards)")
+    counts = written["counts"]
+    print(f"merge: {counts['accepted']} accepted, {counts['rejected']} rejected of {counts['items']} items from "
+          f"{len(shard_dirs)} shards -> {out_dir / CURRENT} ({published.name})")
+    return written
+
+
+@flow(name="sharded-batch-generation", log_prints=True)
+def sharded_batch_generation(
+    job: JobSpec | str,
+    shards: Annotated[int, Field(ge=1)] = 2,
+    deployment: str = DEFAULT_DEPLOYMENT,
+    limit: Annotated[int | None, Field(ge=1)] = None,
+    max_tokens: Annotated[int | None, Field(ge=1)] = None,
+    output_dir: str | None = None,
+    overrides: list[str] | None = None,
+) -> dict[str, Any]:
+    """Run a job as N shards on a work pool's workers and publish one merged dataset; returns its manifest.
+
+    Args:
+        job: A job file path (as the workers see it: relative to the project folder, or absolute), or the job.
+        shards: How many shards (deployment runs) to split the items into, by a stable hash of the item id.
+        deployment: The batch-generation deployment each shard runs as (flow/deployment name).
+        limit: Only the first N input rows.
+        max_tokens: The first pass's sampling.max_tokens.
+        output_dir: Publish here instead of the job's output.dir; must be storage every worker reaches.
+        overrides: More job settings as key=value, e.g. sampling.temperature=0.2.
+    """
+    started_at = datetime.now(timezone.utc)
+    spec = resolve_job(job, limit, max_tokens, output_dir, overrides)
+    ensure_crash_detection()
+    ids = expected_ids(load_items(spec.input))
+    print(f"shards: {len(ids)} items into {shards} shards of {deployment}")
+    base = list(overrides or []) + ([f"input.limit={limit}"] if limit else [])
+    if max_tokens:
+        base.append(f"sampling.max_tokens={max_tokens}")
+    dirs = [shard_dir(spec.output.dir, i, shards) for i in range(shards)]
+    futures = []
+    for index, directory in enumerate(dirs):
+        parameters = {
+            "job": job.model_dump(mode="json") if isinstance(job, JobSpec) else str(job),
+            "output_dir": str(directory),
+            "overrides": base + [f"input.shard_count={shards}", f"input.shard_index={index}"],
+        }
+        futures.append(run_shard_task.submit(deployment, parameters, f"shard {index + 1} of {shards}"))
+    for future in futures:
+        future.result()
+    return merge_task(spec, dirs, ids, started_at)

@@ -1,0 +1,144 @@
+"""Sharded runs on a real Prefect server with two process workers, each holding its own CPU engine.
+
+The sharded flow runs the way a user starts it (`batchgen run-sharded`), splits the example job into
+2 shards, each a deployment run that a worker picks up; the merged publication must hold every item
+exactly once. The second test kills one worker (and its flow run and engine, like a machine dying)
+in the middle of its shard: Prefect's heartbeat automation marks that run Crashed, the sharded flow
+runs the shard again, the other worker resumes it from the shard's committed chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from tests.servers import ARTIFACTS, ROOT, PrefectServer, worker
+
+pytestmark = pytest.mark.engine
+
+POOL = "batchgen"
+BATCHGEN = str(Path(sys.executable).with_name("batchgen"))
+JOB = "examples/product_descriptions.yaml"
+ITEMS = 8
+IDS = [f"p{i:05d}" for i in range(1, ITEMS + 1)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A server, the project's deployments, and two workers on the process pool."""
+    if not (ROOT / "examples" / "data" / "products.csv").exists():
+        subprocess.run([sys.executable, "examples/make_products.py"], cwd=ROOT, check=True)
+    server = PrefectServer(tmp_path_factory.mktemp("prefect-home"), "shards-server.log").start()
+    with ExitStack() as stack:
+        stack.callback(server.stop)
+        assert server.prefect("work-pool", "create", POOL, "--type", "process").returncode == 0
+        deployed = server.prefect("deploy", "--all", "--prefect-file", "deployments/prefect.yaml",
+                                  BATCHGEN_ROOT=str(ROOT))
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        workers = {name: stack.enter_context(worker(server, POOL, name)) for name in ("shard-worker-1", "shard-worker-2")}
+        yield server, workers
+
+
+def run_sharded(server: PrefectServer, out: Path, *extra: str) -> subprocess.Popen:
+    log_path = ARTIFACTS / f"run-sharded-{out.parent.name}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [BATCHGEN, "run-sharded", JOB, "--shards", "2", "--limit", str(ITEMS), "--output-dir", str(out),
+             "--set", "retry.max_passes=1", *extra],
+            cwd=ROOT, env=server.env(BATCHGEN_CRASH_AFTER_SECONDS="60"), stdout=log, stderr=subprocess.STDOUT)
+    proc.log_path = log_path
+    return proc
+
+
+def finish(proc: subprocess.Popen, timeout: float = 900) -> None:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 0, proc.log_path.read_text(errors="replace")[-4000:]
+
+
+def merged(out: Path) -> dict:
+    """The merged publication's manifest, after checking exactly-once and the file hashes."""
+    from batchgen.publish import current_publication, verify_publication
+
+    manifest = verify_publication(current_publication(out))
+    pub = current_publication(out)
+    ids = list(pd.read_parquet(pub / "results.parquet")["item_id"]) + list(
+        pd.read_parquet(pub / "rejected.parquet")["item_id"])
+    assert sorted(ids) == IDS  # every item once
+    assert manifest["counts"]["items"] == ITEMS
+    assert len(manifest["shards"]) == 2
+    assert sum(s["counts"]["items"] for s in manifest["shards"]) == ITEMS
+    return manifest
+
+
+def test_two_shards_run_on_two_workers_and_merge_into_one_publication(cluster, tmp_path):
+    server, _ = cluster
+    out = tmp_path / "out"
+    finish(run_sharded(server, out, "--set", "sampling.max_tokens=16"))
+    manifest = merged(out)
+    runs = [s["flow_run_id"] for s in manifest["shards"]]
+    assert len(set(runs)) == 2
+    # Each worker ran one shard: its own process, its own engine.
+    logs = {name: (ARTIFACTS / f"{name}.log").read_text(errors="replace") for name in ("shard-worker-1",
+                                                                                      "shard-worker-2")}
+    assert all(any(run in text for run in runs) for text in logs.values()), "a worker ran no shard"
+    for index, shard in enumerate(manifest["shards"]):
+        shard_pub = out / "shards" / f"{index + 1}-of-2" / "current"
+        assert json.loads((shard_pub / "manifest.json").read_text())["input"]["shard_index"] == index
+    assert (out / "current" / "report.html").is_file()
+
+
+def _running_shard(server: PrefectServer, out: Path, timeout: float = 600):
+    """(shard folder, flow run id) of a shard that has committed a chunk but not published yet."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for shard in sorted((out / "shards").glob("*-of-2")):
+            chunks = list((shard / ".batchgen" / "results").glob("*.parquet"))
+            if chunks and not (shard / "current").exists():
+                with server.client() as client:
+                    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+                    for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                            tags=FlowRunFilterTags(all_=["batchgen-shard"]))):
+                        if run.parameters.get("output_dir") == str(shard) and run.state.is_running():
+                            return shard, str(run.id)
+        time.sleep(0.5)
+    raise TimeoutError("no shard committed a chunk in time")
+
+
+def test_a_killed_worker_s_shard_is_rerun_by_the_other_and_nothing_is_lost(cluster, tmp_path):
+    server, workers = cluster
+    out = tmp_path / "out"
+    proc = run_sharded(server, out, "--set", "sampling.max_tokens=24", "--set", "chunk_size=1")
+    shard, run_id = _running_shard(server, out)
+    victim = next(name for name in workers
+                  if f"submitting flow run '{run_id}'" in (ARTIFACTS / f"{name}.log").read_text(errors="replace"))
+    root = psutil.Process(workers[victim].pid)
+    for process in [root, *root.children(recursive=True)]:  # the worker, its flow run, the engine: all at once
+        try:
+            process.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    committed_at_kill = len(list((shard / ".batchgen" / "results").glob("*.parquet")))
+    finish(proc)
+    manifest = merged(out)
+    with server.client() as client:
+        killed = client.read_flow_run(run_id)
+    assert killed.state.type.value == "CRASHED", killed.state
+    rerun = json.loads((shard / "current" / "manifest.json").read_text())
+    assert rerun["flow_run_id"] != run_id  # a new run of the same shard ...
+    assert rerun["counts"]["reused"] >= committed_at_kill >= 1  # ... resumed from what was committed
+    assert all(s["flow_run_id"] != run_id for s in manifest["shards"])
