@@ -1,0 +1,85 @@
+"""Shard assignment and the merge of shard publications (pure logic, real Parquet)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from batchgen.assemble import LostItemsError, assemble
+from batchgen.items import LoadedItems, Rejection
+from batchgen.job import JobError, job_from_dict
+from batchgen.publish import commit, current_publication, publish, verify_publication
+from batchgen.retry import latest_attempts
+from batchgen.shards import expected_ids, merge_shards, select_shard, shard_dir, shard_of
+from tests.unit.test_assemble_publish import COLUMNS, generated, make_items, with_verdicts
+
+
+def loaded(n: int, rejected: int = 0) -> LoadedItems:
+    items = pd.DataFrame({"item_id": pd.Series([f"id{i}" for i in range(n)], dtype="string"),
+                          "row_number": range(2, n + 2), "name": [f"thing {i}" for i in range(n)]})
+    rejections = [Rejection(f"row-{100 + i}", 100 + i, "load", ["missing_id"], "no id") for i in range(rejected)]
+    return LoadedItems(items=items, rejected=rejections, columns=["name"])
+
+
+def test_shard_of_is_stable_across_processes():
+    here = [shard_of(f"id{i}", 4) for i in range(50)]
+    code = "from batchgen.shards import shard_of; print([shard_of(f'id{i}', 4) for i in range(50)])"
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "123", "PATH": ""}).stdout
+    assert str(here) == there.strip()
+    assert set(here) == {0, 1, 2, 3}  # 50 ids reach every shard
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7])
+def test_shards_partition_items_and_rejections(count):
+    whole = loaded(40, rejected=5)
+    parts = [select_shard(whole, i, count) for i in range(count)]
+    ids = [i for p in parts for i in expected_ids(p)]
+    assert sorted(ids) == sorted(expected_ids(whole))  # every item in exactly one shard
+
+
+def test_shard_fields_come_in_pairs_and_in_range():
+    base = {"input": {"path": "x.csv"}, "prompt": {"template": "{{ a }}"}, "output": {"dir": "out"}}
+    job_from_dict({**base, "input": {"path": "x.csv", "shard_count": 2, "shard_index": 1}})
+    with pytest.raises(JobError, match="together"):
+        job_from_dict({**base, "input": {"path": "x.csv", "shard_count": 2}})
+    with pytest.raises(JobError, match="not below"):
+        job_from_dict({**base, "input": {"path": "x.csv", "shard_count": 2, "shard_index": 2}})
+
+
+def _publish_shard(out, index, count, ids, rejected_ids=()):
+    """A shard's publication as the publish step writes it: accepted ids pass, the others fail `keyword`."""
+    every = list(ids) + list(rejected_ids)
+    items = make_items([(i, f"name {i}", "feature") for i in every])
+    attempts = pd.concat([with_verdicts(generated(i, [f"text {i}"]), [[] if i in ids else ["keyword"]])
+                          for i in every], ignore_index=True)
+    result = assemble(items, COLUMNS, [], latest_attempts(attempts))
+    manifest = {"counts": {"items": len(every), "accepted": len(ids), "rejected": len(rejected_ids),
+                           "rejected_by_reason": {"keyword": len(rejected_ids)}},
+                "tokens": {"prompt": 10, "output": 5, "generated_this_run": 5},
+                "timings_seconds": {"engine_calls": 1.0}, "flow_run_id": f"run-{index}"}
+    publish(shard_dir(out, index, count), result.accepted, result.rejected, attempts, [], manifest, jsonl=False)
+
+
+def test_merge_publishes_every_item_once_or_refuses(tmp_path):
+    out = tmp_path / "out"
+    _publish_shard(out, 0, 2, ["a", "b"], ["c"])
+    _publish_shard(out, 1, 2, ["d"], [])
+    dirs = [shard_dir(out, i, 2) for i in range(2)]
+    written, staging = merge_shards(out, dirs, ["a", "b", "c", "d"], {"job": "merged"}, jsonl=False)
+    commit(out, staging)
+    manifest = verify_publication(current_publication(out))
+    assert manifest["counts"]["items"] == 4 and manifest["counts"]["accepted"] == 3
+    assert manifest["counts"]["rejected_by_reason"] == {"keyword": 1}
+    assert [s["flow_run_id"] for s in manifest["shards"]] == ["run-0", "run-1"]
+    results = pd.read_parquet(current_publication(out) / "results.parquet")
+    assert sorted(results["item_id"]) == ["a", "b", "d"]
+
+    with pytest.raises(LostItemsError, match="1 items missing"):
+        merge_shards(out, dirs, ["a", "b", "c", "d", "e"], {}, jsonl=False)
+    _publish_shard(out, 1, 2, ["d", "a"], [])  # a shard that also published another shard's item
+    with pytest.raises(LostItemsError, match="1 published twice"):
+        merge_shards(out, dirs, ["a", "b", "c", "d"], {}, jsonl=False)
