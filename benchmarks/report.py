@@ -109,6 +109,16 @@ def render_markdown(result: dict[str, Any]) -> str:
             "Ratios (output tokens/s): " + ", ".join(f"`{k}` = {_num(entry[k], 3)}" for k in RATIO_KEYS) + ".",
             "",
         ]
+    marginal = result.get("pipeline_overhead_marginal")
+    if marginal:
+        small, large = marginal["between_items"]
+        lines += [
+            f"Pipeline overhead per extra item, from {small:,} to {large:,} items: **{marginal['per_item_ms']:.2f} "
+            f"ms** (time outside engine calls grows by that much per item), on top of about "
+            f"{marginal['fixed_seconds']:.1f} s fixed per run (Prefect flow and task runs, GX setup, report and "
+            "Data Docs).",
+            "",
+        ]
     lines += ["## Ratios at the largest size", "", "| ratio | value |", "| --- | ---: |"]
     lines += [f"| `{k}` | {_num(result[k], 3)} |" for k in RATIO_KEYS]
     lines.append("")

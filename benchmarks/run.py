@@ -487,6 +487,22 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4)
 
 
+def marginal_overhead(sizes: dict[str, Any]) -> dict[str, Any] | None:
+    """The pipeline's time outside engine calls per extra item, between the smallest and the largest size: the
+    per-item cost without the fixed costs per run (Prefect runs and tasks, GX setup, report and Data Docs)."""
+    if len(sizes) < 2:
+        return None
+    small, large = (sizes[k]["pipeline_overhead"] for k in (min(sizes, key=int), max(sizes, key=int)))
+
+    def outside(over: dict[str, Any]) -> float:
+        return over["flow_wall_seconds"] - over["engine_call_seconds"]
+
+    extra = large["items"] - small["items"]
+    per_item = (outside(large) - outside(small)) / extra
+    return {"between_items": [small["items"], large["items"]], "per_item_ms": round(1000 * per_item, 3),
+            "fixed_seconds": round(outside(small) - per_item * small["items"], 3)}
+
+
 def start_engine(memory: TreeMemory) -> tuple[Any, dict[str, Any]]:
     from batchgen.engine import get_engine
     from batchgen.job import EngineSpec
@@ -643,6 +659,7 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
         "pipeline_overhead_per_item_ms": top["pipeline_overhead"]["per_item_ms"],
         "pipeline_overhead_per_item_ms_without_report": top["pipeline_overhead"]["per_item_ms_without_report"],
         "report_build_seconds": top["pipeline_overhead"]["report_build_seconds"],
+        "pipeline_overhead_marginal": marginal_overhead(sizes),
         "retry_strategies": retry,
     })
     if engine_loads != 1:
