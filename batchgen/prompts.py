@@ -172,6 +172,9 @@ def wrong_type(values: dict[str, Any], fields: list[str], keyword_column: str | 
     return None
 
 
+TOKENIZE_BATCH = 1024
+
+
 def build_prompts(
     items: pd.DataFrame, spec: PromptSpec, tokenizer: Tokenizer, max_model_len: int, columns: list[str],
     keyword_column: str | None = None,
@@ -218,9 +221,12 @@ def build_prompts(
 
     # The chat template already holds the special tokens; raw completion text gets the
     # tokenizer's own (BOS), exactly as vLLM would add them.
-    # No attention masks: only the ids are kept, and at 20,000 prompts the masks alone cost ~17 MB.
-    token_ids = (tokenizer(texts, add_special_tokens=spec.style == "completion",
-                           return_attention_mask=False)["input_ids"] if texts else [])
+    # In batches, without attention masks: only the ids are kept, and the tokenizer's per-text encodings
+    # of one batch at a time are alive (all at once cost ~10 KB per prompt at the peak).
+    token_ids: list[list[int]] = []
+    for start in range(0, len(texts), TOKENIZE_BATCH):
+        token_ids.extend(tokenizer(texts[start:start + TOKENIZE_BATCH], add_special_tokens=spec.style == "completion",
+                                   return_attention_mask=False)["input_ids"])
     keep = []
     for i, tokens in enumerate(token_ids):
         if len(tokens) >= max_model_len:
