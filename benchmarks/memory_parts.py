@@ -1,7 +1,7 @@
 """RSS of the pipeline's own steps (no engine) against the item count.
 
     python -m benchmarks.memory_parts 2000      # then 20000: one process per size
-    python -m benchmarks.memory_parts 2000 20000
+    python -m benchmarks.memory_parts 2000 20000 --add-to benchmarks/results   # into latest.json/md
 
 `--memory` in benchmarks.run measures the whole flow with the engine, which at 20,000 items
 takes hours of prefill on a 2-core CPU. This measures what batchgen itself holds: the real
@@ -14,6 +14,7 @@ after each step and the process peak, in MB, as one JSON line per size.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -88,14 +89,35 @@ def measure(n: int) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    add_to = None
+    if "--add-to" in argv:  # --add-to DIR: also add the figures to DIR/latest.json and latest.md
+        at = argv.index("--add-to")
+        add_to, argv = Path(argv[at + 1]), argv[:at] + argv[at + 2:]
     sizes = [int(a) for a in argv] or [2000, 20000]
-    if len(sizes) == 1:
+    if len(sizes) == 1 and add_to is None:
         print(json.dumps(measure(sizes[0])), flush=True)
         return 0
+    result: dict = {"command": "python -m benchmarks.memory_parts " + " ".join(map(str, sizes)), "sizes": {},
+                    "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
     for n in sizes:  # a fresh process per size: RSS peaks are per process
         out = subprocess.run([sys.executable, "-m", "benchmarks.memory_parts", str(n)], capture_output=True,
                              text=True, check=True, cwd=Path(__file__).resolve().parents[1])
-        print(out.stdout.strip().splitlines()[-1], flush=True)
+        line = out.stdout.strip().splitlines()[-1]
+        print(line, flush=True)
+        result["sizes"][str(n)] = json.loads(line)
+    low, high = min(sizes), max(sizes)
+    if high > low:
+        rise = result["sizes"][str(high)]["peak_rss_mb"] - result["sizes"][str(low)]["peak_rss_mb"]
+        result["slope_kb_per_item"] = round(1024 * rise / (high - low), 2)
+    result["finished_at"] = datetime.now(timezone.utc).isoformat()
+    if add_to is not None:
+        from benchmarks.report import render_markdown
+
+        latest = add_to / "latest.json"
+        full = json.loads(latest.read_text(encoding="utf-8"))
+        full["memory_parts"] = result
+        latest.write_text(json.dumps(full, indent=2, default=str) + "\n", encoding="utf-8")
+        (add_to / "latest.md").write_text(render_markdown(full), encoding="utf-8")
     return 0
 
 

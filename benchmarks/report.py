@@ -150,6 +150,8 @@ def render_markdown(result: dict[str, Any]) -> str:
     memory = result.get("memory")
     if memory:
         lines += render_memory(memory)
+    if result.get("memory_parts"):
+        lines += render_memory_parts(result["memory_parts"])
 
     serial, hf = result["serial_loop"], result["hf_static"]
     lines += [
@@ -200,6 +202,31 @@ def render_memory(memory: dict[str, Any]) -> list[str]:
             f"| {_mb(m['peak_rss_breakdown_mb'].get('main'))} | {_mb(m['rss_before_mb'].get('main'))} "
             f"| {_mb(m['peak_rss_breakdown_mb'].get('engine'))} |"
         )
+    lines.append("")
+    return lines
+
+
+def render_memory_parts(parts: dict[str, Any]) -> list[str]:
+    """benchmarks/memory_parts.py: RSS of batchgen's own steps (engine outputs stood in) against items."""
+    sizes = sorted(parts["sizes"], key=int)
+    steps = list(parts["sizes"][sizes[0]]["rss_mb_after"])
+    lines = [
+        "## Memory of the pipeline's own steps against items",
+        "",
+        f"`{parts['command']}` ({parts['finished_at']}): one process per size, the real load, prompts (real "
+        "tokenizer), GX validation, assembly, Parquet staging and report, on engine outputs stood in for the "
+        "engine's (4 tokens each, as with max_tokens 4). RSS of the process after each step, in MB.",
+        "",
+        "| items | " + " | ".join(steps) + " | peak |",
+        "| ---: | " + " | ".join("---:" for _ in steps) + " | ---: |",
+    ]
+    for size in sizes:
+        m = parts["sizes"][size]
+        lines.append(f"| {int(size):,} | " + " | ".join(_mb(m["rss_mb_after"][k]) for k in steps)
+                     + f" | {_mb(m['peak_rss_mb'])} |")
+    if parts.get("slope_kb_per_item") is not None:
+        lines += ["", f"Peak grows by **{parts['slope_kb_per_item']:.1f} KB per item**: every step holds the whole "
+                      "run's items, prompts and attempts in memory (not only the chunk in flight)."]
     lines.append("")
     return lines
 
