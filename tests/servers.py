@@ -134,3 +134,44 @@ def wait_for_flow_run(client, flow_run_id, timeout: float = 900, log: Path | Non
         time.sleep(2)
     tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
     raise TimeoutError(f"flow run {flow_run_id} not finished in {timeout} s (state {run.state}):\n{tail}")
+
+
+class Postgres:
+    """Debian's PostgreSQL on loopback in a temporary data folder, run as the `postgres` user when we are root."""
+
+    BIN = Path("/usr/lib/postgresql/15/bin")
+
+    def __init__(self):
+        import tempfile
+
+        # Its own folder under /tmp: the postgres user cannot enter root's pytest folders.
+        self.data = Path(tempfile.mkdtemp(prefix="batchgen-pg-"))
+        self.port = free_port()
+        self.url = f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/prefect"
+
+    def _run(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        return subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=120, check=True, **kwargs)
+
+    def start(self) -> "Postgres":
+        if os.geteuid() == 0:
+            import shutil
+
+            shutil.chown(self.data, "postgres", "postgres")
+            self.data.chmod(0o700)
+        self._run(str(self.BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust")
+        self._run(str(self.BIN / "pg_ctl"), "-D", str(self.data), "-w", "-l", str(self.data / "server.log"),
+                  "-o", f"-h 127.0.0.1 -p {self.port} -k {self.data}", "start")
+        self._run(str(self.BIN / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "prefect")
+        return self
+
+    def query(self, sql: str) -> str:
+        return self._run(str(self.BIN / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d",
+                         "prefect", "-At", "-c", sql).stdout.strip()
+
+    def stop(self) -> None:
+        import shutil
+
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            self._run(str(self.BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "stop")
+        shutil.rmtree(self.data, ignore_errors=True)

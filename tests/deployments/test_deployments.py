@@ -170,3 +170,35 @@ def test_run_history_survives_a_server_restart(server, ui_run):
         again = client.read_flow_run(run.id)
     assert again.state.type.value == "COMPLETED"
     assert again.parameters == run.parameters
+
+
+def test_a_server_on_postgresql_runs_the_deployment_and_keeps_its_history(ui_run, out_dir, tmp_path):
+    """The same deployment on a server whose database is PostgreSQL (Debian's, on loopback).
+
+    The run's parameters are the UI run's, so its results are in the output's store already: the run
+    needs no engine, and everything it does goes through the PostgreSQL-backed server.
+    """
+    from tests.servers import Postgres
+
+    _, first = ui_run
+    database = Postgres().start()
+    server = PrefectServer(tmp_path / "prefect-home", "postgres-server.log",
+                           env={"PREFECT_API_DATABASE_CONNECTION_URL": database.url})
+    try:
+        server.start()
+        assert server.prefect("work-pool", "create", POOL, "--type", "process").returncode == 0
+        deployed = server.prefect("deploy", "--all", "--prefect-file", "deployments/prefect.yaml",
+                                  BATCHGEN_ROOT=str(ROOT))
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        with worker(server, POOL, "postgres-worker"), server.client() as client:
+            deployment = client.read_deployment_by_name("batch-generation/product-descriptions")
+            run = client.create_flow_run_from_deployment(deployment.id, parameters=first.parameters)
+            finished = wait_for_flow_run(client, run.id, log=ARTIFACTS / "postgres-worker.log")
+        assert finished.state.type.value == "COMPLETED", finished.state
+        assert verify(published(out_dir))["flow_run_id"] == str(run.id)
+        # The run history is in PostgreSQL, not in a SQLite file.
+        assert database.query(f"select state_type from flow_run where id = '{run.id}'") == "COMPLETED"
+        assert not (tmp_path / "prefect-home" / "prefect.db").exists()
+    finally:
+        server.stop()
+        database.stop()
