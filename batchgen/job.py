@@ -258,6 +258,18 @@ class OutputSpec(_Section):
     dir: str = Field(description="Folder the dataset is published to; readers use its `current` link.")
     jsonl: bool = Field(False, description="Also write JSONL mirrors of the Parquet files.")
     keep: int = Field(3, ge=1, description="Publications kept under publications/ (the current one included).")
+    publish_to: str | None = Field(
+        None, description="Also copy each committed publication to this shared location (`s3://bucket/prefix`, "
+        "`gs://…`, or an absolute path); credentials come from the environment, never from the job.")
+
+    @field_validator("publish_to")
+    @classmethod
+    def _no_credentials_in_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from batchgen.remote import check_url  # the rules live with the code that opens the URL
+
+        return check_url(value)
 
 
 class JobSpec(_Section):
@@ -332,7 +344,7 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def _anchor_paths(data: dict[str, Any], base_dir: Path) -> None:
     """Relative input and output paths are relative to the job file, not the working directory."""
-    for section, key in (("input", "path"), ("output", "dir")):
+    for section, key in (("input", "path"), ("output", "dir"), ("output", "publish_to")):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         if isinstance(value, str) and value and "://" not in value and not Path(value).is_absolute():
             data[section][key] = str((base_dir / value).resolve())

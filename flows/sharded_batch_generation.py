@@ -28,6 +28,7 @@ from pydantic import Field
 from batchgen.items import load_items
 from batchgen.job import JobSpec
 from batchgen.publish import CURRENT, commit
+from batchgen.remote import CURRENT_JSON, upload_publication
 from batchgen.report import write_report
 from batchgen.shards import expected_ids, merge_shards, shard_dir
 from batchgen.summary import summary_markdown
@@ -72,6 +73,9 @@ def merge_task(job: JobSpec, shard_dirs: list[Path], ids: list[str], started_at:
     counts = written["counts"]
     print(f"merge: {counts['accepted']} accepted, {counts['rejected']} rejected of {counts['items']} items from "
           f"{len(shard_dirs)} shards -> {out_dir / CURRENT} ({published.name})")
+    if job.output.publish_to:
+        upload_publication(published, job.output.publish_to, job.output.keep)
+        print(f"merge: copied {published.name} -> {job.output.publish_to.rstrip('/')} ({CURRENT_JSON} switched)")
     return written
 
 
@@ -110,7 +114,8 @@ def sharded_batch_generation(
         parameters = {
             "job": job.model_dump(mode="json") if isinstance(job, JobSpec) else str(job),
             "output_dir": str(directory),
-            "overrides": base + [f"input.shard_count={shards}", f"input.shard_index={index}"],
+            # Only the merged dataset goes to output.publish_to; a shard's partial one must not switch it.
+            "overrides": base + [f"input.shard_count={shards}", f"input.shard_index={index}", "output.publish_to=null"],
         }
         futures.append(run_shard_task.submit(deployment, parameters, f"shard {index + 1} of {shards}"))
     for future in futures:

@@ -16,7 +16,8 @@ from batchgen.assemble import assemble
 from batchgen.items import LoadedItems
 from batchgen.job import JobSpec
 from batchgen.manifest import build_manifest
-from batchgen.publish import CURRENT, commit, stage
+from batchgen.publish import CURRENT, PUBLICATIONS, commit, stage
+from batchgen.remote import CURRENT_JSON, upload_publication
 from batchgen.report import report_markdown, write_report
 from batchgen.retry import latest_attempts
 from batchgen.summary import summary_markdown
@@ -57,6 +58,12 @@ def publish_task(
     counts = written["counts"]
     print(f"publish: {counts['accepted']} accepted, {counts['rejected']} rejected of {counts['items']} items "
           f"-> {out_dir / CURRENT} ({published.relative_to(out_dir)})")
+    if job.output.publish_to:
+        # After the local commit: the shared copy's current.json is written last, so readers there
+        # see this publication complete or still the previous one.
+        upload_publication(published, job.output.publish_to, job.output.keep)
+        print(f"publish: copied {published.name} -> {job.output.publish_to.rstrip('/')}/{PUBLICATIONS}/"
+              f"{published.name} ({CURRENT_JSON} switched)")
     return written
 
 

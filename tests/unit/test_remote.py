@@ -1,0 +1,197 @@
+"""Publishing to shared storage: a real S3-compatible server (moto in server mode) on loopback, real Parquet."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import pyarrow.parquet as pq
+import pytest
+
+from batchgen.assemble import assemble
+from batchgen.job import JobError, job_from_dict, parse_overrides
+from batchgen.publish import RESULTS, commit, current_publication, stage
+from batchgen.remote import RemoteError, read_current, read_current_record, read_publication, upload_publication
+from batchgen.retry import latest_attempts
+from tests.unit.test_assemble_publish import COLUMNS, generated, make_items, with_verdicts
+
+BUCKET = "batchgen-shared"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """moto's S3 server on a free loopback port, with the AWS settings pyarrow and boto3 read from the environment."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("moto") / "server.log"
+    with open(log, "wb") as handle:
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=handle, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": endpoint, "AWS_EC2_METADATA_DISABLED": "true"}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"moto server did not start on {endpoint}: {log.read_text(errors='replace')}")
+                time.sleep(0.1)
+        client = boto3.client("s3", endpoint_url=endpoint)
+        client.create_bucket(Bucket=BUCKET)
+        yield client
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _publish(out: Path, names: list[str], extra: str | None = None) -> Path:
+    """A real committed publication (results, rejected, attempts, validation, manifest) of the given items."""
+    items = make_items([(f"p{i}", name, "quiet") for i, name in enumerate(names, 1)])
+    attempts = with_verdicts([row for i, name in enumerate(names, 1)
+                              for row in generated(f"p{i}", [f"{name} is quiet.", "short"])],
+                             [[], ["length"]] * len(names))
+    result = assemble(items, COLUMNS, [], latest_attempts(attempts))
+    _, staging = stage(out, result.accepted, result.rejected, attempts, [{"success": True}],
+                       {"job": "remote", "counts": {"items": len(names), "accepted": len(result.accepted)}}, True)
+    if extra:
+        (staging / "report.html").write_text(extra, encoding="utf-8")
+        (staging / "data_docs").mkdir()
+        (staging / "data_docs" / "index.html").write_text(extra, encoding="utf-8")
+    return commit(out, staging)
+
+
+def _keys(client, prefix: str) -> set[str]:
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix=prefix)
+    return {item["Key"].removeprefix(prefix) for item in listed.get("Contents", [])}
+
+
+def test_publication_round_trips_through_s3(s3, tmp_path):
+    url = f"s3://{BUCKET}/round-trip"
+    local = _publish(tmp_path / "out", ["Aurora Mug", "耳机", "Trail Boots"], extra="<html>report</html>")
+    record = upload_publication(local, url)
+
+    assert record["publication"] == local.name
+    assert read_current_record(url) == record
+    assert {"results.parquet", "rejected.parquet", "attempts.parquet", "results.jsonl", "validation.json",
+            "manifest.json", "report.html", "data_docs/index.html"} <= _keys(s3, f"round-trip/publications/{local.name}/")
+    manifest, tables = read_current(url)
+    assert manifest["publication"] == local.name
+    assert set(tables) == {"results.parquet", "rejected.parquet", "attempts.parquet"}
+    for name, table in tables.items():
+        assert table.equals(pq.read_table(local / name)), name
+    assert sorted(tables[RESULTS].column("item_id").to_pylist()) == ["p1", "p2", "p3"]
+    assert "耳机 is quiet." in tables[RESULTS].column("text").to_pylist()
+
+
+def test_second_publication_switches_current_and_keeps_the_first(s3, tmp_path):
+    url = f"s3://{BUCKET}/two-runs/"
+    first = _publish(tmp_path / "out", ["Aurora Mug"])
+    upload_publication(first, url)
+    second = _publish(tmp_path / "out", ["Aurora Mug", "Trail Boots"])
+    upload_publication(second, url)
+
+    manifest, tables = read_current(url)
+    assert manifest["publication"] == second.name == current_publication(tmp_path / "out").name
+    assert tables[RESULTS].num_rows == 2
+    old_manifest, old_tables = read_publication(url, first.name)  # still whole, for readers that began on it
+    assert old_manifest["publication"] == first.name
+    assert old_tables[RESULTS].column("item_id").to_pylist() == ["p1"]
+
+
+def test_keep_prunes_older_publications_after_the_switch(s3, tmp_path):
+    url = f"s3://{BUCKET}/pruned"
+    published = [upload_publication(_publish(tmp_path / "out", ["Mug"] * n), url, keep=2)["publication"]
+                 for n in (1, 2, 3)]
+    remaining = {key.split("/", 1)[0] for key in _keys(s3, "pruned/publications/")} - {""}  # "": a folder marker
+    assert remaining == set(published[1:])
+    assert read_current(url)[0]["publication"] == published[2]
+
+
+def test_a_changed_file_at_the_url_is_refused(s3, tmp_path):
+    url = f"s3://{BUCKET}/tampered"
+    local = _publish(tmp_path / "out", ["Aurora Mug", "Trail Boots"])
+    upload_publication(local, url)
+    s3.put_object(Bucket=BUCKET, Key=f"tampered/publications/{local.name}/results.parquet",
+                  Body=(local / "rejected.parquet").read_bytes())
+    with pytest.raises(RemoteError, match=f"{local.name}/results.parquet does not match its SHA-256"):
+        read_current(url)
+
+
+def test_unknown_bucket_is_named_and_nothing_is_written(s3, tmp_path):
+    local = _publish(tmp_path / "out", ["Aurora Mug"])
+    with pytest.raises(RemoteError, match="bucket 'no-such-bucket' does not exist"):
+        upload_publication(local, "s3://no-such-bucket/x")
+    with pytest.raises(RemoteError, match="nothing published yet"):
+        read_current(f"s3://{BUCKET}/never-written")
+
+
+def test_a_local_shared_path_works_the_same_way(tmp_path):
+    shared = tmp_path / "mounted" / "datasets"
+    local = _publish(tmp_path / "out", ["Aurora Mug"], extra="report")
+    upload_publication(local, str(shared))
+    assert (shared / "current.json").is_file()
+    assert not [p for p in shared.iterdir() if p.name.endswith(".tmp")]
+    manifest, tables = read_current(str(shared))
+    assert manifest["publication"] == local.name
+    assert tables[RESULTS].equals(pq.read_table(local / RESULTS))
+
+
+def _job(tmp_path: Path, publish_to: str | None) -> dict:
+    (tmp_path / "items.csv").write_text("id,name\n1,Mug\n", encoding="utf-8")
+    output = {"dir": str(tmp_path / "out")} | ({"publish_to": publish_to} if publish_to is not None else {})
+    return {"input": {"path": str(tmp_path / "items.csv"), "id_column": "id"},
+            "prompt": {"template": "Describe {{ name }}."}, "output": output}
+
+
+@pytest.mark.parametrize("url, leaked", [
+    ("s3://AKIAEXAMPLE:wJalrXUtnFEMI@bucket/prefix", "wJalrXUtnFEMI"),
+    ("s3://bucket/prefix?access_key=AKIAEXAMPLE&secret_key=wJalrXUtnFEMI", "wJalrXUtnFEMI"),
+])
+def test_credentials_in_the_url_are_refused_without_echoing_them(tmp_path, url, leaked):
+    with pytest.raises(JobError, match="output.publish_to: .*credentials must not be written into the job") as err:
+        job_from_dict(_job(tmp_path, url))
+    assert leaked not in str(err.value)
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("ftp://host/x", "unsupported scheme 'ftp'"),
+    ("s3:///prefix", "no bucket"),
+    ("", "is empty"),
+])
+def test_unusable_urls_are_refused_naming_the_field(tmp_path, url, expected):
+    with pytest.raises(JobError, match=f"output.publish_to: .*{expected}"):
+        job_from_dict(_job(tmp_path, url))
+
+
+def test_publish_to_is_optional_and_a_relative_path_resolves_against_the_job(tmp_path):
+    assert job_from_dict(_job(tmp_path, None)).output.publish_to is None
+    assert job_from_dict(_job(tmp_path, "s3://bucket/p")).output.publish_to == "s3://bucket/p"
+    job = job_from_dict(_job(tmp_path, "shared/datasets"), base_dir=tmp_path)
+    assert job.output.publish_to == str((tmp_path / "shared" / "datasets").resolve())
+
+
+def test_shards_switch_publish_to_off_with_an_override(tmp_path):
+    """The sharded flow passes this override to each shard: only the merged dataset goes to the shared URL."""
+    job = job_from_dict(_job(tmp_path, "s3://bucket/p"), overrides=parse_overrides(["output.publish_to=null"]))
+    assert job.output.publish_to is None
