@@ -175,3 +175,45 @@ class Postgres:
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             self._run(str(self.BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "stop")
         shutil.rmtree(self.data, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def moto_s3(log: Path, buckets: tuple[str, ...] = ()) -> Iterator[str]:
+    """moto's S3 server (`python -m moto.server`) on a free loopback port, with `buckets` created.
+
+    Yields the endpoint URL. While it runs, the AWS_* variables pyarrow and boto3 read point at it
+    (test credentials, AWS_ENDPOINT_URL); they are restored and the server stopped afterwards.
+    """
+    import boto3
+
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": endpoint, "AWS_EC2_METADATA_DISABLED": "true"}
+    saved = {key: os.environ.get(key) for key in env}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    os.environ.update(env)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto server did not start on {endpoint}: {log.read_text(errors='replace')}")
+                time.sleep(0.1)
+        client = boto3.client("s3", endpoint_url=endpoint)
+        for bucket in buckets:
+            client.create_bucket(Bucket=bucket)
+        yield endpoint
+    finally:
+        _stop(proc, timeout=10)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import boto3
@@ -18,51 +13,17 @@ from batchgen.job import JobError, job_from_dict, parse_overrides
 from batchgen.publish import RESULTS, commit, current_publication, stage
 from batchgen.remote import RemoteError, read_current, read_current_record, read_publication, upload_publication
 from batchgen.retry import latest_attempts
+from tests.servers import moto_s3
 from tests.unit.test_assemble_publish import COLUMNS, generated, make_items, with_verdicts
 
 BUCKET = "batchgen-shared"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    """moto's S3 server on a free loopback port, with the AWS settings pyarrow and boto3 read from the environment."""
-    port = _free_port()
-    log = tmp_path_factory.mktemp("moto") / "server.log"
-    with open(log, "wb") as handle:
-        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                  stdout=handle, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": endpoint, "AWS_EC2_METADATA_DISABLED": "true"}
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"moto server did not start on {endpoint}: {log.read_text(errors='replace')}")
-                time.sleep(0.1)
-        client = boto3.client("s3", endpoint_url=endpoint)
-        client.create_bucket(Bucket=BUCKET)
-        yield client
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    """moto's S3 server on a free loopback port (AWS_* set for pyarrow and boto3); a boto3 client on it."""
+    with moto_s3(tmp_path_factory.mktemp("moto") / "server.log", (BUCKET,)) as endpoint:
+        yield boto3.client("s3", endpoint_url=endpoint)
 
 
 def _publish(out: Path, names: list[str], extra: str | None = None) -> Path:

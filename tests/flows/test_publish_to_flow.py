@@ -1,0 +1,49 @@
+"""`output.publish_to` through the real flow: a run under a real Prefect server (stand-in engine) publishes
+locally and to moto's S3 server on loopback; readers of the bucket get the same dataset."""
+
+from __future__ import annotations
+
+import boto3
+import pyarrow.parquet as pq
+import pytest
+
+from batchgen.job import job_from_dict
+from batchgen.remote import RemoteError, read_current
+from tests.conftest import product_job
+from tests.flows.test_batch_generation_flow import stand_in  # noqa: F401 (the fixture)
+from tests.servers import moto_s3
+
+BUCKET = "flow-datasets"
+
+
+def test_a_run_is_copied_to_the_bucket_with_its_report(tmp_path, prefect_server, stand_in):  # noqa: F811
+    from flows.batch_generation import batch_generation
+
+    url = f"s3://{BUCKET}/products"
+    with moto_s3(tmp_path / "moto.log", (BUCKET,)) as endpoint:
+        job = job_from_dict(product_job(tmp_path, 12, expectations={"keyword_column": None},
+                                        output={"publish_to": url}))
+        first = batch_generation(job)
+        remote_manifest, tables = read_current(url)
+        assert remote_manifest == first  # the manifest the run returned, byte for byte the published one
+        local = tmp_path / "out" / "current"
+        for name in ("results.parquet", "rejected.parquet", "attempts.parquet"):
+            assert tables[name].equals(pq.read_table(local / name)), name
+        assert tables["results.parquet"].num_rows == first["counts"]["accepted"] == 12
+
+        keys = boto3.client("s3", endpoint_url=endpoint).list_objects_v2(Bucket=BUCKET, Prefix="products/")
+        names = {item["Key"] for item in keys["Contents"]}
+        # the report and Data Docs travel with the data (a second run switching current.json: tests/unit/test_remote.py)
+        assert f"products/publications/{first['publication']}/report.html" in names
+        assert f"products/publications/{first['publication']}/data_docs/index.html" in names
+
+
+def test_a_missing_bucket_fails_the_run_after_the_local_publication(tmp_path, prefect_server, stand_in):  # noqa: F811
+    from flows.batch_generation import batch_generation
+
+    with moto_s3(tmp_path / "moto.log"):
+        job = job_from_dict(product_job(tmp_path, 4, expectations={"keyword_column": None},
+                                        output={"publish_to": "s3://not-created/products"}))
+        with pytest.raises(RemoteError, match="bucket 'not-created' does not exist"):
+            batch_generation.with_options(retries=0)(job)
+    assert (tmp_path / "out" / "current" / "manifest.json").is_file()  # readers of output.dir are served
