@@ -182,6 +182,14 @@ def read_current_record(url: str) -> dict[str, Any]:
 def read_publication(url: str, publication: str, manifest_sha256: str | None = None,
                      ) -> tuple[dict[str, Any], dict[str, pa.Table]]:
     """The manifest and the Parquet tables of one publication at the URL, each file checked against its SHA-256."""
+    manifest, files = read_publication_files(url, publication, manifest_sha256)
+    return manifest, {name: pq.read_table(pa.BufferReader(data)) for name, data in files.items()
+                      if name.endswith(".parquet")}
+
+
+def read_publication_files(url: str, publication: str, manifest_sha256: str | None = None,
+                           ) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest and {name: bytes} of every file it lists, each checked against its SHA-256."""
     shown = _masked(url)
     filesystem, root = open_url(url)
     base = f"{root}/{PUBLICATIONS}/{publication}"
@@ -194,7 +202,7 @@ def read_publication(url: str, publication: str, manifest_sha256: str | None = N
     if manifest_sha256 is not None and _sha256(raw) != manifest_sha256:
         raise RemoteError(f"{shown}: {publication}/{MANIFEST} does not match the SHA-256 in {CURRENT_JSON}")
     manifest = json.loads(raw)
-    tables: dict[str, pa.Table] = {}
+    files: dict[str, bytes] = {}
     for name, entry in manifest.get("files", {}).items():
         try:
             data = _read(filesystem, f"{base}/{name}")
@@ -204,12 +212,17 @@ def read_publication(url: str, publication: str, manifest_sha256: str | None = N
             raise RemoteError(f"{shown}: cannot read {publication}/{name}: {exc}") from None
         if _sha256(data) != entry["sha256"]:
             raise RemoteError(f"{shown}: {publication}/{name} does not match its SHA-256 in the manifest")
-        if name.endswith(".parquet"):
-            tables[name] = pq.read_table(pa.BufferReader(data))
-    return manifest, tables
+        files[name] = data
+    return manifest, files
 
 
 def read_current(url: str) -> tuple[dict[str, Any], dict[str, pa.Table]]:
     """The current publication at the URL: its manifest and {file name: table} for each Parquet file, verified."""
     record = read_current_record(url)
     return read_publication(url, record["publication"], record.get("manifest_sha256"))
+
+
+def read_current_files(url: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The current publication at the URL: its manifest and {file name: bytes}, verified."""
+    record = read_current_record(url)
+    return read_publication_files(url, record["publication"], record.get("manifest_sha256"))

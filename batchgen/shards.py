@@ -4,7 +4,9 @@ An item's shard depends only on its id (or, for a row rejected before it has one
 rejection's key), so a rerun, a retry or another machine puts it in the same shard.
 Each shard is an ordinary batch-generation run publishing into `<out>/shards/<i>-of-<n>/`;
 the merge reads their current publications and publishes one dataset, with one manifest,
-into `<out>/`, after checking that every input item is there exactly once.
+into `<out>/`, after checking that every input item is there exactly once. With
+`output.publish_to`, shards publish to `<publish_to>/shards/<i>-of-<n>/` instead (batchgen.remote)
+and the merge reads them from there, so `<out>/shards/` need not be shared.
 """
 
 from __future__ import annotations
@@ -56,23 +58,47 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
     return pa.concat_tables(tables, promote_options="permissive")
 
 
+def shard_url(url: str, index: int, count: int) -> str:
+    """Where a shard publishes when the job has `output.publish_to`: `<url>/shards/<i>-of-<n>`."""
+    return f"{url.rstrip('/')}/{SHARDS}/{index + 1}-of-{count}"
+
+
+def _read_shard(source: Path | str, remote: bool) -> tuple[dict[str, Any], dict[str, pa.Table], list[dict[str, Any]]]:
+    """A shard's current publication, verified: its manifest, tables and validation results."""
+    names = (RESULTS, REJECTED, ATTEMPTS)
+    if remote:  # `<url>/current.json` and the files it points at (batchgen.remote)
+        from batchgen.remote import read_current_files
+
+        manifest, files = read_current_files(str(source))
+        tables = {name: pq.read_table(pa.BufferReader(files[name])) for name in names}
+        return manifest, tables, json.loads(files[VALIDATION])
+    publication = current_publication(Path(source))
+    manifest = verify_publication(publication)
+    tables = {name: pq.read_table(publication / name) for name in names}
+    return manifest, tables, json.loads((publication / VALIDATION).read_text(encoding="utf-8"))
+
+
 def merge_shards(out_dir: str | Path, shard_dirs: list[Path], ids: list[str], manifest: dict[str, Any],
-                 jsonl: bool) -> tuple[dict[str, Any], Path]:
-    """Stage one publication from the shards' current publications; raises LostItemsError unless exactly once."""
-    publications = [current_publication(d) for d in shard_dirs]
-    manifests = [verify_publication(p) for p in publications]
-    tables = {name: _concat([pq.read_table(p / name) for p in publications]) for name in (RESULTS, REJECTED, ATTEMPTS)}
+                 jsonl: bool, shard_urls: list[str] | None = None) -> tuple[dict[str, Any], Path]:
+    """Stage one publication from the shards' current publications; raises LostItemsError unless exactly once.
+
+    With `shard_urls` the shards are read from there (each `<url>/current.json`) instead of `shard_dirs`.
+    """
+    sources = [_read_shard(url, True) for url in shard_urls] if shard_urls else \
+        [_read_shard(d, False) for d in shard_dirs]
+    manifests = [source[0] for source in sources]
+    tables = {name: _concat([source[1][name] for source in sources]) for name in (RESULTS, REJECTED, ATTEMPTS)}
     published = tables[RESULTS].column("item_id").to_pylist() + tables[REJECTED].column("item_id").to_pylist()
     twice = sorted(k for k, n in Counter(published).items() if n > 1)
     missing = sorted(set(ids) - set(published))
     extra = sorted(set(published) - set(ids))
     if twice or missing or extra:
-        raise LostItemsError(f"merging {len(shard_dirs)} shards: {len(missing)} items missing {missing[:5]}, "
+        raise LostItemsError(f"merging {len(sources)} shards: {len(missing)} items missing {missing[:5]}, "
                              f"{len(twice)} published twice {twice[:5]}, {len(extra)} not in the input {extra[:5]}")
     validation = []
-    for index, publication in enumerate(publications):
-        for result in json.loads((publication / VALIDATION).read_text(encoding="utf-8")):
-            meta = {**(result.get("meta") or {}), "batchgen_shard": f"{index + 1}-of-{len(publications)}"}
+    for index, (_, _, results) in enumerate(sources):
+        for result in results:
+            meta = {**(result.get("meta") or {}), "batchgen_shard": f"{index + 1}-of-{len(sources)}"}
             validation.append({**result, "meta": meta})
     first = manifests[0]
     counts: dict[str, Any] = {key: sum(m["counts"].get(key, 0) for m in manifests) for key in SUMMED}
@@ -98,7 +124,7 @@ def merge_shards(out_dir: str | Path, shard_dirs: list[Path], ids: list[str], ma
         "tokens": tokens,
         "timings_seconds": {"engine_calls": round(engine_seconds, 3)},
         "shards": [
-            {"shard": f"{i + 1}-of-{len(shard_dirs)}", "flow_run_id": m.get("flow_run_id"),
+            {"shard": f"{i + 1}-of-{len(sources)}", "flow_run_id": m.get("flow_run_id"),
              "publication": m.get("publication"), "counts": m["counts"]}
             for i, m in enumerate(manifests)
         ],

@@ -30,7 +30,7 @@ from batchgen.job import JobSpec
 from batchgen.publish import CURRENT, commit
 from batchgen.remote import CURRENT_JSON, upload_publication
 from batchgen.report import write_report
-from batchgen.shards import expected_ids, merge_shards, shard_dir
+from batchgen.shards import expected_ids, merge_shards, shard_dir, shard_url
 from batchgen.summary import summary_markdown
 from flows.batch_generation import resolve_job
 from tasks.zombies import ensure_crash_detection
@@ -59,13 +59,14 @@ def run_shard_task(deployment: str, parameters: dict[str, Any], label: str) -> s
 
 
 @task(name="merge-shards", cache_policy=None)
-def merge_task(job: JobSpec, shard_dirs: list[Path], ids: list[str], started_at: datetime) -> dict[str, Any]:
+def merge_task(job: JobSpec, shard_dirs: list[Path], ids: list[str], started_at: datetime,
+               shard_urls: list[str] | None = None) -> dict[str, Any]:
     """Publish the shards' outputs as one dataset with one manifest (checked: every item exactly once)."""
     out_dir = Path(job.output.dir)
     identity = {"job": job.name, "job_fingerprint": job.fingerprint(), "flow_name": flow_run.get_flow_name(),
                 "flow_run_id": flow_run.get_id(), "started_at": started_at.isoformat(),
                 "input": job.input.model_dump(mode="json")}
-    written, staging = merge_shards(out_dir, shard_dirs, ids, identity, job.output.jsonl)
+    written, staging = merge_shards(out_dir, shard_dirs, ids, identity, job.output.jsonl, shard_urls)
     write_report(staging)
     published = commit(out_dir, staging, job.output.keep)
     create_markdown_artifact(markdown=summary_markdown(written), key="sharded-summary",
@@ -109,15 +110,19 @@ def sharded_batch_generation(
     if max_tokens:
         base.append(f"sampling.max_tokens={max_tokens}")
     dirs = [shard_dir(spec.output.dir, i, shards) for i in range(shards)]
+    # With output.publish_to, shards publish to <publish_to>/shards/<i>-of-<n> and the merge reads them
+    # there, so <out>/shards/ need not be shared (it is each worker's working folder and result store).
+    urls = [shard_url(spec.output.publish_to, i, shards) for i in range(shards)] if spec.output.publish_to else None
     futures = []
     for index, directory in enumerate(dirs):
         parameters = {
             "job": job.model_dump(mode="json") if isinstance(job, JobSpec) else str(job),
             "output_dir": str(directory),
-            # Only the merged dataset goes to output.publish_to; a shard's partial one must not switch it.
-            "overrides": base + [f"input.shard_count={shards}", f"input.shard_index={index}", "output.publish_to=null"],
+            # A shard's partial dataset never switches <publish_to>/current.json: it goes to its own place.
+            "overrides": base + [f"input.shard_count={shards}", f"input.shard_index={index}",
+                                 f"output.publish_to={urls[index] if urls else 'null'}"],
         }
         futures.append(run_shard_task.submit(deployment, parameters, f"shard {index + 1} of {shards}"))
     for future in futures:
         future.result()
-    return merge_task(spec, dirs, ids, started_at)
+    return merge_task(spec, dirs, ids, started_at, urls)

@@ -8,13 +8,15 @@ import boto3
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.assemble import assemble
+from batchgen.assemble import LostItemsError, assemble
 from batchgen.job import JobError, job_from_dict, parse_overrides
 from batchgen.publish import RESULTS, commit, current_publication, stage
 from batchgen.remote import RemoteError, read_current, read_current_record, read_publication, upload_publication
 from batchgen.retry import latest_attempts
+from batchgen.shards import merge_shards, shard_dir, shard_url
 from tests.servers import moto_s3
 from tests.unit.test_assemble_publish import COLUMNS, generated, make_items, with_verdicts
+from tests.unit.test_shards import _publish_shard
 
 BUCKET = "batchgen-shared"
 
@@ -153,6 +155,31 @@ def test_publish_to_is_optional_and_a_relative_path_resolves_against_the_job(tmp
 
 
 def test_shards_switch_publish_to_off_with_an_override(tmp_path):
-    """The sharded flow passes this override to each shard: only the merged dataset goes to the shared URL."""
+    """Without publish_to the sharded flow passes each shard this override (with it, the shard's own URL)."""
     job = job_from_dict(_job(tmp_path, "s3://bucket/p"), overrides=parse_overrides(["output.publish_to=null"]))
     assert job.output.publish_to is None
+
+
+def test_merge_reads_shard_publications_from_the_bucket(s3, tmp_path):
+    """Sharded runs with output.publish_to: each worker's shard is read back from <url>/shards/, not a shared folder."""
+    url = f"s3://{BUCKET}/sharded"
+    urls = [shard_url(url, i, 2) for i in range(2)]
+    worker_a, worker_b = tmp_path / "machine-a" / "out", tmp_path / "machine-b" / "out"
+    _publish_shard(worker_a, 0, 2, ["a", "b"], ["c"])
+    upload_publication(current_publication(shard_dir(worker_a, 0, 2)), urls[0])
+    merger = tmp_path / "machine-c" / "out"
+    elsewhere = [shard_dir(merger, i, 2) for i in range(2)]  # never written: the merge must not need them
+    with pytest.raises(RemoteError, match="shards/2-of-2: nothing published yet"):
+        merge_shards(merger, elsewhere, ["a", "b", "c", "d"], {"job": "merged"}, jsonl=False, shard_urls=urls)
+
+    _publish_shard(worker_b, 1, 2, ["d"], [])
+    upload_publication(current_publication(shard_dir(worker_b, 1, 2)), urls[1])
+    written, staging = merge_shards(merger, elsewhere, ["a", "b", "c", "d"], {"job": "merged"}, jsonl=False,
+                                    shard_urls=urls)
+    commit(merger, staging)
+    assert written["counts"]["items"] == 4 and written["counts"]["accepted"] == 3
+    assert [s["flow_run_id"] for s in written["shards"]] == ["run-0", "run-1"]
+    assert sorted(pq.read_table(current_publication(merger) / RESULTS).column("item_id").to_pylist()) == ["a", "b", "d"]
+    assert not any(path.exists() for path in elsewhere)
+    with pytest.raises(LostItemsError, match="1 items missing"):
+        merge_shards(merger, elsewhere, ["a", "b", "c", "d", "e"], {}, jsonl=False, shard_urls=urls)
