@@ -110,7 +110,12 @@ def render_markdown(result: dict[str, Any]) -> str:
             "",
         ]
     marginal = result.get("pipeline_overhead_marginal")
-    if marginal:
+    if marginal and marginal["per_item_ms"] <= 0:
+        small, large = marginal["between_items"]
+        lines += [f"Pipeline overhead per extra item, from {small:,} to {large:,} items: not measurable in this run "
+                  f"({marginal['per_item_ms']:.2f} ms): the fixed costs per run varied by more than the per-item "
+                  "work (see the load averages).", ""]
+    elif marginal:
         small, large = marginal["between_items"]
         lines += [
             f"Pipeline overhead per extra item, from {small:,} to {large:,} items: **{marginal['per_item_ms']:.2f} "
@@ -157,6 +162,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     lines += [
         "## Notes",
         "",
+        *[f"- {note}" for note in result.get("notes", [])],
         f"- ¹ Measured once, on the first {serial['items']} items (c) and the first {hf['items']} items (d) "
         f"(HF: batch size {hf['batch_size']}, {hf['torch_threads']} torch thread(s), sampling with top_k off as "
         "in vLLM), and reported as rates; the same figures appear at every size, and their ratios compare rates.",
