@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from prefect import flow, task
-from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import INPUTS, RUN_ID
 from prefect.deployments import run_deployment
 from prefect.runtime import flow_run
@@ -27,12 +26,9 @@ from pydantic import Field
 
 from batchgen.items import load_items
 from batchgen.job import JobSpec
-from batchgen.publish import CURRENT, commit
-from batchgen.remote import CURRENT_JSON, upload_publication
-from batchgen.report import write_report
 from batchgen.shards import expected_ids, merge_shards, shard_dir, shard_url
-from batchgen.summary import summary_markdown
 from flows.batch_generation import resolve_job
+from tasks.publish import finish_publication
 from tasks.zombies import ensure_crash_detection
 
 DEFAULT_DEPLOYMENT = "batch-generation/product-descriptions"
@@ -67,16 +63,8 @@ def merge_task(job: JobSpec, shard_dirs: list[Path], ids: list[str], started_at:
                 "flow_run_id": flow_run.get_id(), "started_at": started_at.isoformat(),
                 "input": job.input.model_dump(mode="json")}
     written, staging = merge_shards(out_dir, shard_dirs, ids, identity, job.output.jsonl, shard_urls)
-    write_report(staging)
-    published = commit(out_dir, staging, job.output.keep)
-    create_markdown_artifact(markdown=summary_markdown(written), key="sharded-summary",
-                             description=f"{job.name}: merged run summary ({len(shard_dirs)} shards)")
-    counts = written["counts"]
-    print(f"merge: {counts['accepted']} accepted, {counts['rejected']} rejected of {counts['items']} items from "
-          f"{len(shard_dirs)} shards -> {out_dir / CURRENT} ({published.name})")
-    if job.output.publish_to:
-        upload_publication(published, job.output.publish_to, job.output.keep)
-        print(f"merge: copied {published.name} -> {job.output.publish_to.rstrip('/')} ({CURRENT_JSON} switched)")
+    finish_publication(job, written, staging, "sharded-summary",
+                       f"{job.name}: merged run summary ({len(shard_dirs)} shards)", "merge")
     return written
 
 

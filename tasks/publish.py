@@ -45,26 +45,32 @@ def publish_task(
         result.rejected, attempts, reused, fresh_output_tokens, timings, started_at, flow_run.get_id(),
         flow_run.get_flow_name(),
     )
-    out_dir = Path(job.output.dir)
-    written, staging = stage(out_dir, result.accepted, result.rejected, attempts, validation, manifest,
+    written, staging = stage(Path(job.output.dir), result.accepted, result.rejected, attempts, validation, manifest,
                              job.output.jsonl)
-    # Anything else that belongs to this publication is written into `staging` here, before the commit,
+    finish_publication(job, written, staging, _artifact_key(job.name), f"{job.name}: run summary", "publish")
+    return written
+
+
+def finish_publication(job: JobSpec, written: dict[str, Any], staging: Path, artifact_key: str,
+                       artifact_description: str, label: str) -> Path:
+    """Add the report to a staged publication, switch `current` to it, post the summary, copy it to shared storage."""
+    # Anything else that belongs to this publication is written into `staging` before the commit,
     # so that readers of <out>/current see it together with the data or not at all.
     write_report(staging)  # report.html and data_docs/ belong to this publication
+    out_dir = Path(job.output.dir)
     published = commit(out_dir, staging, job.output.keep)
-    create_markdown_artifact(markdown=summary_markdown(written) + report_markdown(published),
-                             key=_artifact_key(job.name),
-                             description=f"{job.name}: run summary")
+    create_markdown_artifact(markdown=summary_markdown(written) + report_markdown(published), key=artifact_key,
+                             description=artifact_description)
     counts = written["counts"]
-    print(f"publish: {counts['accepted']} accepted, {counts['rejected']} rejected of {counts['items']} items "
+    print(f"{label}: {counts['accepted']} accepted, {counts['rejected']} rejected of {counts['items']} items "
           f"-> {out_dir / CURRENT} ({published.relative_to(out_dir)})")
     if job.output.publish_to:
         # After the local commit: the shared copy's current.json is written last, so readers there
         # see this publication complete or still the previous one.
         upload_publication(published, job.output.publish_to, job.output.keep)
-        print(f"publish: copied {published.name} -> {job.output.publish_to.rstrip('/')}/{PUBLICATIONS}/"
+        print(f"{label}: copied {published.name} -> {job.output.publish_to.rstrip('/')}/{PUBLICATIONS}/"
               f"{published.name} ({CURRENT_JSON} switched)")
-    return written
+    return published
 
 
 def _artifact_key(name: str) -> str:

@@ -10,7 +10,6 @@ runs the shard again, the other worker resumes it from the shard's committed chu
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
