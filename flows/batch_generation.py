@@ -28,14 +28,20 @@ from tasks.retry import plan_retry_task
 from tasks.validate import validate_task
 
 
-def resolve_job(job: JobSpec | str | dict, limit: int | None = None, max_tokens: int | None = None,
-                output_dir: str | None = None, overrides: list[str] | None = None) -> JobSpec:
-    """The job to run: a JobSpec, a job file path, or a mapping, with the run's overrides applied."""
+def override_pairs(limit: int | None, max_tokens: int | None, overrides: list[str] | None) -> list[str]:
+    """The run's parameters as `key=value` job overrides (the form a deployment run passes on)."""
     pairs = list(overrides or [])
     if limit is not None:
         pairs.append(f"input.limit={limit}")
     if max_tokens is not None:
         pairs.append(f"sampling.max_tokens={max_tokens}")
+    return pairs
+
+
+def resolve_job(job: JobSpec | str | dict, limit: int | None = None, max_tokens: int | None = None,
+                output_dir: str | None = None, overrides: list[str] | None = None) -> JobSpec:
+    """The job to run: a JobSpec, a job file path, or a mapping, with the run's overrides applied."""
+    pairs = override_pairs(limit, max_tokens, overrides)
     if output_dir is not None:
         pairs.append(f"output.dir={Path(output_dir).resolve()}")
     extra = parse_overrides(pairs)

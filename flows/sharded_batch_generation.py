@@ -27,7 +27,7 @@ from pydantic import Field
 from batchgen.items import load_items
 from batchgen.job import JobSpec
 from batchgen.shards import expected_ids, merge_shards, shard_dir, shard_url
-from flows.batch_generation import resolve_job
+from flows.batch_generation import override_pairs, resolve_job
 from tasks.publish import finish_publication
 from tasks.zombies import ensure_crash_detection
 
@@ -94,9 +94,7 @@ def sharded_batch_generation(
     ensure_crash_detection()
     ids = expected_ids(load_items(spec.input))
     print(f"shards: {len(ids)} items into {shards} shards of {deployment}")
-    base = list(overrides or []) + ([f"input.limit={limit}"] if limit else [])
-    if max_tokens:
-        base.append(f"sampling.max_tokens={max_tokens}")
+    base = override_pairs(limit, max_tokens, overrides)
     dirs = [shard_dir(spec.output.dir, i, shards) for i in range(shards)]
     # With output.publish_to, shards publish to <publish_to>/shards/<i>-of-<n> and the merge reads them
     # there, so <out>/shards/ need not be shared (it is each worker's working folder and result store).
