@@ -21,6 +21,11 @@ GPU_MEMORY_SHARE = 0.9
 # On CPU builds a share of RAM also pays for the model and runtime (~2 GiB here), so a share small enough
 # for several engines on one machine leaves too little KV; a fixed KV size does not depend on the machine.
 CPU_KV_CACHE_BYTES = 2 << 30  # ~45k tokens of KV for the default model
+# vLLM's CPU attention uses 128-token KV blocks, and its prefix cache reuses whole blocks only: the
+# shared start of a job's prompts (system prompt, template text) is rarely 128 tokens, so nothing was
+# reused. With 32 (the smallest the CPU kernels take) the example job's ~80-token prompts share one
+# block: prefill ran 1.64x faster here (256 prompts: 58.6 s against 96.1 s).
+CPU_BLOCK_SIZE = 32
 
 _LOCK = threading.Lock()
 _ENGINES: dict[tuple, Engine] = {}
@@ -71,6 +76,8 @@ def engine_args(spec: EngineSpec, model: ModelRef, cpu: bool) -> dict[str, Any]:
         args["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     else:
         args["gpu_memory_utilization"] = GPU_MEMORY_SHARE
+    if cpu:
+        args["block_size"] = CPU_BLOCK_SIZE
     if spec.pipeline_parallel_size > 1:
         args["pipeline_parallel_size"] = spec.pipeline_parallel_size
     max_len = spec.max_model_len or model_max_len(model.path)

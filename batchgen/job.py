@@ -284,6 +284,10 @@ class JobSpec(_Section):
     chunk_size: int = Field(
         512, ge=1, description="Prompts per engine call; each finished chunk is committed to disk."
     )
+    window_size: int = Field(
+        2048, ge=1, description="Items in flight: prompts, generation, validation, retries and staging run one "
+                                "window of items at a time, so memory does not grow with the input."
+    )
 
     @model_validator(mode="after")
     def _structured_columns_free(self) -> JobSpec:

@@ -38,13 +38,42 @@ def truncation_counts(attempts: pd.DataFrame) -> tuple[int, int]:
     return int(first_cut), int(final_cut)
 
 
+def tally(accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.DataFrame) -> dict[str, Any]:
+    """The additive counts of a set of items: tallies of disjoint windows of a run sum to the run's (`add_tallies`)."""
+    first_cut, final_cut = truncation_counts(attempts)
+    reasons = Counter(reason for row in rejected["reasons"] for reason in row)
+    empty = attempts.empty
+    return {
+        "items": len(accepted) + len(rejected),
+        "accepted": len(accepted),
+        "rejected": len(rejected),
+        "generated_items": 0 if empty else int(attempts["item_id"].nunique()),
+        "truncated_first_pass": first_cut,
+        "truncated_final": final_cut,
+        "attempts": len(attempts),
+        "retry_attempts": 0 if empty else int((attempts["attempt"] > 1).sum()),
+        "rejected_by_reason": dict(reasons),
+        "prompt_tokens": 0 if empty else int(attempts["n_prompt_tokens"].sum()),
+        "output_tokens": 0 if empty else int(attempts["new_output_tokens"].sum()),
+    }
+
+
+def add_tallies(total: dict[str, Any] | None, more: dict[str, Any]) -> dict[str, Any]:
+    """Sum two tallies (of disjoint sets of items)."""
+    if total is None:
+        return {**more, "rejected_by_reason": dict(more["rejected_by_reason"])}
+    out = {key: total[key] + more[key] for key in total if key != "rejected_by_reason"}
+    reasons = Counter(total["rejected_by_reason"])
+    reasons.update(more["rejected_by_reason"])
+    out["rejected_by_reason"] = dict(reasons)
+    return out
+
+
 def build_manifest(
     job: JobSpec,
     model: dict[str, Any],
     engine_args: dict[str, Any],
-    accepted: pd.DataFrame,
-    rejected: pd.DataFrame,
-    attempts: pd.DataFrame,
+    counted: dict[str, Any],
     reused: int,
     fresh_output_tokens: int,
     timings: dict[str, float],
@@ -52,11 +81,10 @@ def build_manifest(
     flow_run_id: str | None,
     flow_name: str | None = None,
 ) -> dict[str, Any]:
-    first_cut, final_cut = truncation_counts(attempts)
-    items = len(accepted) + len(rejected)
-    reasons = Counter(reason for row in rejected["reasons"] for reason in row)
-    generated_items = attempts["item_id"].nunique() if not attempts.empty else 0
-    output_tokens = int(attempts["new_output_tokens"].sum()) if not attempts.empty else 0
+    """The manifest of a run whose items are counted in `counted` (a `tally`, or the sum of its windows')."""
+    items, accepted = counted["items"], counted["accepted"]
+    generated_items = counted["generated_items"]
+    first_cut, final_cut = counted["truncated_first_pass"], counted["truncated_final"]
     gen_seconds = timings.get("engine_calls", 0.0)
     return {
         "job": job.name,
@@ -67,24 +95,24 @@ def build_manifest(
         "finished_at": datetime.now(timezone.utc).isoformat(),
         "counts": {
             "items": items,
-            "accepted": len(accepted),
-            "rejected": len(rejected),
-            "generated_items": int(generated_items),
+            "accepted": accepted,
+            "rejected": counted["rejected"],
+            "generated_items": generated_items,
             "truncated_first_pass": first_cut,
             "truncated_final": final_cut,
-            "attempts": len(attempts),
-            "retry_attempts": int((attempts["attempt"] > 1).sum()) if not attempts.empty else 0,
+            "attempts": counted["attempts"],
+            "retry_attempts": counted["retry_attempts"],
             "reused": reused,
-            "rejected_by_reason": dict(sorted(reasons.items())),
+            "rejected_by_reason": dict(sorted(counted["rejected_by_reason"].items())),
         },
         "rates": {
-            "pass_rate": round(len(accepted) / items, 4) if items else None,
+            "pass_rate": round(accepted / items, 4) if items else None,
             "truncation_first_pass": round(first_cut / generated_items, 4) if generated_items else None,
             "truncation_final": round(final_cut / generated_items, 4) if generated_items else None,
         },
         "tokens": {
-            "prompt": int(attempts["n_prompt_tokens"].sum()) if not attempts.empty else 0,
-            "output": output_tokens,
+            "prompt": counted["prompt_tokens"],
+            "output": counted["output_tokens"],
             "generated_this_run": fresh_output_tokens,
             "output_per_second": round(fresh_output_tokens / gen_seconds, 2) if gen_seconds else None,
         },

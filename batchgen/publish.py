@@ -17,17 +17,20 @@ directory is removed by the next commit. The last `keep` publications are kept.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import uuid
 from datetime import datetime, timezone
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from batchgen.schema import accepted_schema, attempts_schema, input_codec, rejected_schema
 from batchgen.store import write_atomic
@@ -40,6 +43,7 @@ MANIFEST = "manifest.json"
 CURRENT = "current"
 PUBLICATIONS = "publications"
 HISTORY = Path(".batchgen") / "publications.json"
+PARTS = ".parts"  # windows' pieces of the tables while a publication is staged
 
 
 class PublishError(RuntimeError):
@@ -90,6 +94,19 @@ def new_publication_id(now: datetime | None = None) -> str:
     return f"{now:%Y%m%dT%H%M%S%fZ}-{uuid.uuid4().hex[:8]}"
 
 
+def frame_tables(accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.DataFrame,
+                 codec: tuple[pa.DataType, Callable[[Any], Any]]) -> dict[str, pa.Table]:
+    """The published tables from assembled frames, the inputs encoded with `codec` (`input_codec`)."""
+    struct, encode = codec
+    accepted = accepted.assign(input=[encode(value) for value in accepted["input"]])
+    rejected = rejected.assign(input=[encode(value) for value in rejected["input"]])
+    return {
+        RESULTS: to_table(accepted, accepted_schema(struct, accepted)),
+        REJECTED: to_table(rejected, rejected_schema(struct)),
+        ATTEMPTS: to_table(attempts, attempts_schema()),
+    }
+
+
 def stage(
     out_dir: Path,
     accepted: pd.DataFrame,
@@ -100,18 +117,92 @@ def stage(
     jsonl: bool,
 ) -> tuple[dict[str, Any], Path]:
     """Write a new publication directory (manifest last); readers do not see it until `commit`."""
-    publication = new_publication_id()
-    staging = Path(out_dir) / PUBLICATIONS / publication
+    codec = input_codec(list(accepted["input"]) + list(rejected["input"]))
+    tables = frame_tables(accepted, rejected, attempts, codec)
+    return stage_tables(out_dir, tables, validation, manifest, jsonl)
+
+
+def open_publication(out_dir: Path) -> Path:
+    """A new, empty publication directory that no reader looks at until `commit`."""
+    staging = Path(out_dir) / PUBLICATIONS / new_publication_id()
     staging.mkdir(parents=True)
-    struct, encode = input_codec(list(accepted["input"]) + list(rejected["input"]))
-    accepted = accepted.assign(input=[encode(value) for value in accepted["input"]])
-    rejected = rejected.assign(input=[encode(value) for value in rejected["input"]])
-    tables = {
-        RESULTS: to_table(accepted, accepted_schema(struct, accepted)),
-        REJECTED: to_table(rejected, rejected_schema(struct)),
-        ATTEMPTS: to_table(attempts, attempts_schema()),
-    }
-    return stage_tables(out_dir, tables, validation, manifest, jsonl, publication=publication, staging=staging)
+    return staging
+
+
+def stage_part(staging: Path, index: int, tables: dict[str, pa.Table]) -> None:
+    """Write one window's piece of each table into the staging directory (`stage_parts` joins them)."""
+    parts = Path(staging) / PARTS
+    parts.mkdir(exist_ok=True)
+    for name, table in tables.items():
+        write_atomic(table, parts / f"{Path(name).stem}-{index:06d}.parquet")
+
+
+def stage_parts(
+    out_dir: Path,
+    staging: Path,
+    names: list[str],
+    validation: list[dict[str, Any]],
+    manifest: dict[str, Any],
+    jsonl: bool,
+) -> tuple[dict[str, Any], Path]:
+    """`stage` for a publication written window by window: each table's parts become one file, a part at a time."""
+    files: dict[str, dict[str, Any]] = {}
+    parts_dir = Path(staging) / PARTS
+    for name in names:
+        parts = sorted(parts_dir.glob(f"{Path(name).stem}-*.parquet"))
+        schema = unified_schema([pq.read_schema(path) for path in parts])
+        files.update(_write_table((pq.read_table(path) for path in parts), schema, Path(staging) / name, jsonl))
+    shutil.rmtree(parts_dir, ignore_errors=True)
+    return _seal(Path(staging), files, validation, manifest)
+
+
+def unified_schema(schemas: list[pa.Schema]) -> pa.Schema:
+    """One schema for the parts of a table. Windows can infer a column differently (a structured-output field
+    that is null in one window, a number in the next): Arrow's permissive promotion first, else text."""
+    if not schemas:
+        raise PublishError("a table has no staged parts")
+    try:
+        unified = pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        fields = []
+        for name in schemas[0].names:
+            kinds = {s.field(name).type for s in schemas if name in s.names} - {pa.null()}
+            fields.append(pa.field(name, kinds.pop() if len(kinds) == 1 else pa.string()))
+        unified = pa.schema(fields)
+    return pa.schema([pa.field(f.name, pa.string()) if pa.types.is_null(f.type) else f for f in unified])
+
+
+def _write_table(tables: Iterable[pa.Table], schema: pa.Schema, path: Path, jsonl: bool) -> dict[str, Any]:
+    """Write tables one after another into one Parquet file (and its JSON-lines mirror), atomically."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    mirror = path.with_suffix(".jsonl")
+    tmp_mirror = mirror.with_name(f".{mirror.name}.{uuid.uuid4().hex}.tmp")
+    rows = 0
+    try:
+        with pq.ParquetWriter(tmp, schema) as writer, \
+                (open(tmp_mirror, "w", encoding="utf-8") if jsonl else contextlib.nullcontext()) as lines:
+            for table in tables:
+                table = table.select(schema.names).cast(schema) if table.schema != schema else table
+                writer.write_table(table)
+                rows += table.num_rows
+                if lines is not None:
+                    lines.write(_jsonl(table))
+            if lines is not None:
+                lines.flush()
+                os.fsync(lines.fileno())
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        if jsonl:
+            os.replace(tmp_mirror, mirror)
+    finally:
+        for leftover in (tmp, tmp_mirror):
+            if leftover.exists():
+                leftover.unlink()
+    files = {path.name: {"rows": rows, "sha256": _sha256(path)}}
+    if jsonl:
+        files[mirror.name] = {"rows": rows, "sha256": _sha256(mirror)}
+    return files
 
 
 def stage_tables(
@@ -120,26 +211,22 @@ def stage_tables(
     validation: list[dict[str, Any]],
     manifest: dict[str, Any],
     jsonl: bool,
-    publication: str | None = None,
     staging: Path | None = None,
 ) -> tuple[dict[str, Any], Path]:
     """`stage` for tables that are already Arrow (e.g. shard publications merged into one)."""
-    if staging is None:
-        publication = new_publication_id()
-        staging = Path(out_dir) / PUBLICATIONS / publication
-        staging.mkdir(parents=True)
+    staging = staging if staging is not None else open_publication(out_dir)
     files: dict[str, dict[str, Any]] = {}
     for name, table in tables.items():
-        path = staging / name
-        write_atomic(table, path)
-        files[name] = {"rows": table.num_rows, "sha256": _sha256(path)}
-        if jsonl:
-            mirror = path.with_suffix(".jsonl")
-            write_text_atomic(_jsonl(table), mirror)
-            files[mirror.name] = {"rows": table.num_rows, "sha256": _sha256(mirror)}
+        files.update(_write_table([table], table.schema, staging / name, jsonl))
+    return _seal(staging, files, validation, manifest)
+
+
+def _seal(staging: Path, files: dict[str, dict[str, Any]], validation: list[dict[str, Any]],
+          manifest: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """Write validation.json, then the manifest with every file's rows and SHA-256: last, so its presence means done."""
     write_text_atomic(json.dumps(validation, ensure_ascii=False, indent=1, default=str), staging / VALIDATION)
-    files[VALIDATION] = {"sha256": _sha256(staging / VALIDATION)}
-    manifest = {**manifest, "publication": publication, "files": files}
+    files = {**files, VALIDATION: {"sha256": _sha256(staging / VALIDATION)}}
+    manifest = {**manifest, "publication": staging.name, "files": files}
     write_text_atomic(json.dumps(manifest, ensure_ascii=False, indent=2, default=str), staging / MANIFEST)
     return manifest, staging
 

@@ -53,15 +53,35 @@ def input_codec(inputs: list[dict[str, Any] | None]) -> tuple[pa.DataType, Calla
     column the prompt may not even use.
     """
     present = [row for row in inputs if row]
-    if not present:
-        return pa.string(), lambda value: None if value is None else json.dumps(value, ensure_ascii=False, default=str)
     names: list[str] = []
     for row in present:
         names.extend(name for name in row if name not in names)
+    return _codec(names, lambda name: [row.get(name) for row in present])
+
+
+def frame_input_codec(items: Any, columns: list[str], more: list[dict[str, Any] | None]) -> tuple[
+        pa.DataType, Callable[[Any], Any]]:
+    """`input_codec` of the inputs of an items table (`columns` of every row) and a few more rows (rejections),
+    read column by column instead of as one dict per row."""
+    present = [row for row in more if row]
+    names: list[str] = list(columns) if len(items) else []
+    for row in present:
+        names.extend(name for name in row if name not in names)
+
+    def values(name: str) -> list[Any]:
+        own = items[name].tolist() if len(items) and name in items.columns else [None] * (len(items) if names else 0)
+        return own + [row.get(name) for row in present]
+
+    return _codec(names, values)
+
+
+def _codec(names: list[str], values: Callable[[str], list[Any]]) -> tuple[pa.DataType, Callable[[Any], Any]]:
+    if not names:
+        return pa.string(), lambda value: None if value is None else json.dumps(value, ensure_ascii=False, default=str)
     fields, as_json = [], set()
     for name in names:
         try:
-            kind = pa.array([row.get(name) for row in present]).type
+            kind = pa.array(values(name)).type
             if _has_empty_struct(kind):  # Parquet cannot store a struct without fields
                 raise pa.ArrowInvalid("empty struct")
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchgen.schema import ATTEMPT_SCHEMA
@@ -41,14 +42,25 @@ class ResultStore:
     def __init__(self, root: Path):
         self.root = Path(root)
 
-    def load(self) -> dict[str, list[dict[str, Any]]]:
-        """Every committed row, grouped by request key."""
+    def load(self, keys: set[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Committed rows grouped by request key: all of them, or only those of `keys`.
+
+        With `keys`, each file's key column is read first and only matching rows are
+        materialized, so a window of a large run holds its own results, not the run's.
+        """
         done: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        if not self.root.is_dir():
+        if not self.root.is_dir() or (keys is not None and not keys):
             return done
+        wanted = None if keys is None else pa.array(sorted(keys), pa.string())
         for path in sorted(self.root.glob("chunk-*.parquet")):
             try:
-                table = pq.read_table(path, schema=ATTEMPT_SCHEMA)
+                if wanted is None:
+                    table = pq.read_table(path, schema=ATTEMPT_SCHEMA)
+                else:
+                    mask = pc.is_in(pq.read_table(path, columns=["request_key"])["request_key"], value_set=wanted)
+                    if not pc.any(mask).as_py():
+                        continue
+                    table = pq.read_table(path, schema=ATTEMPT_SCHEMA).filter(mask)
             except (pa.ArrowInvalid, OSError) as exc:  # unreadable: regenerate rather than fail the run
                 log.warning("ignoring unreadable commit %s: %s", path.name, exc)
                 continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from batchgen.job import EngineSpec
@@ -10,12 +11,20 @@ from batchgen.models import ModelRef, model_max_len, resolve_model
 
 def load_tokenizer(spec: EngineSpec) -> tuple[ModelRef, Any, int]:
     """The model reference, its tokenizer, and the context length the engine will use."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     model = resolve_model(spec.model)
-    tokenizer = AutoTokenizer.from_pretrained(model.path)
+    tokenizer = _tokenizer(model.path)
     max_len = spec.max_model_len or model_max_len(model.path)
     if max_len is None:
         config = AutoConfig.from_pretrained(model.path)
         max_len = getattr(config, "max_position_embeddings", None) or 2048
     return model, tokenizer, int(max_len)
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: str) -> Any:
+    """Loaded once per process and model: a run asks for it once per window."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)

@@ -1,14 +1,17 @@
-"""RSS of the pipeline's own steps (no engine) against the item count.
+"""Memory of the flow's own process against the item count, with the engine stood in for.
 
-    python -m benchmarks.memory_parts 2000      # then 20000: one process per size
+    python -m benchmarks.memory_parts 2000 20000                          # one process per size
     python -m benchmarks.memory_parts 2000 20000 --add-to benchmarks/results   # into latest.json/md
 
 `--memory` in benchmarks.run measures the whole flow with the engine, which at 20,000 items
-takes hours of prefill on a 2-core CPU. This measures what batchgen itself holds: the real
-load, prompt building (real tokenizer), GX validation, assembly, staging (Parquet) and the
-report, on engine outputs made up in place of the engine's (4 tokens, cut off, as with
-max_tokens 4), so that the memory slope of our code is visible in a minute. Prints the RSS
-after each step and the process peak, in MB, as one JSON line per size.
+takes hours of prefill on a 2-core CPU. The engine's own processes reserve their KV cache
+when they start (kv_cache_memory_bytes), whatever the item count. What can grow with the
+items is batchgen's process, and that is what this measures: the real flow
+(`batch_generation`, under a temporary Prefect server) with the real load, prompt building
+(real tokenizer), GX validation, window staging, publishing and report, with every engine
+call answered in place of vLLM (4 tokens, cut off, as with max_tokens 4). Prints, as one
+JSON line per size: the process's RSS after a warm-up run of 8 items, its peak RSS
+(ru_maxrss) after the measured run, and the run's counts and windows.
 """
 
 from __future__ import annotations
@@ -19,73 +22,55 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
+
+MAX_TOKENS = 4
+
+
+class StandInLLM:
+    """Answers every request at once with 4 tokens, cut off by max_tokens; holds nothing between calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.calls += 1
+        return [SimpleNamespace(request_id=str(i), outputs=[SimpleNamespace(
+            index=0, token_ids=[504, 2115, 314, 260], text="The product is a", cumulative_logprob=-3.0,
+            finish_reason="length", stop_reason=None, logprobs=None)]) for i in range(len(prompts))]
 
 
 def measure(n: int) -> dict:
     from benchmarks import run as bench
 
     bench.set_environment()
-    import pandas as pd
     import psutil
+    from prefect.testing.utilities import prefect_test_harness
 
-    from batchgen.assemble import assemble
-    from batchgen.generation import first_pass_requests, output_rows, request_key, sampling_kwargs
-    from batchgen.items import load_items
-    from batchgen.manifest import build_manifest
-    from batchgen.prompts import build_prompts
-    from batchgen.publish import commit, stage
-    from batchgen.report import write_report
-    from batchgen.retry import latest_attempts
-    from batchgen.schema import ATTEMPT_SCHEMA
-    from batchgen.tokenizer import load_tokenizer
-    from expectations.validate import validate_rows
+    import tasks.generate
+    from flows.batch_generation import batch_generation
 
-    proc = psutil.Process()
-    marks: dict[str, float] = {}
-
-    def mark(name: str) -> None:
-        marks[name] = round(proc.memory_info().rss / 2**20, 1)
-
+    llm = StandInLLM()
+    tasks.generate.get_engine = lambda spec: SimpleNamespace(llm=llm)
     work = Path(tempfile.mkdtemp(prefix="batchgen-memory-parts-"))
-    job = bench.bench_job(bench.write_products(work / "products.csv", n), work / "out", 4)
-    mark("start")
-    loaded = load_items(job.input)
-    _, tokenizer, max_len = load_tokenizer(job.engine)
-    mark("items_and_tokenizer")
-    built = build_prompts(loaded.items, job.prompt, tokenizer, max_len, loaded.columns)
-    mark("prompts")
-    requests = first_pass_requests(built.prompts, job.sampling)
-    mark("requests")
-    base, now, rows = sampling_kwargs(job.sampling), datetime.now(timezone.utc), []
-    for request in requests:  # in place of the engine: 4 tokens, cut off by max_tokens
-        completion = SimpleNamespace(index=0, token_ids=[504, 2115, 314, 260], text="The product is a",
-                                     cumulative_logprob=-3.0, finish_reason="length", stop_reason=None,
-                                     logprobs=None)
-        output = SimpleNamespace(request_id="stand-in", outputs=[completion])
-        rows.extend(output_rows(request, output, request_key(request, base, "stand-in"), 1.0, now))
-    attempts = pd.DataFrame(rows, columns=ATTEMPT_SCHEMA.names)
-    del rows
-    mark("attempts")
-    keywords = loaded.items.set_index("item_id")[job.expectations.keyword_column].astype("string")
-    validation = validate_rows(attempts, job.expectations, keywords, "memory-parts")
-    verdicts = validation.verdicts.set_index("row_key")
-    attempts["passed"], attempts["failed"] = list(verdicts["passed"]), list(verdicts["failed"])
-    mark("validate")
-    result = assemble(loaded.items, loaded.columns, loaded.rejected, latest_attempts(attempts), job.sampling)
-    mark("assemble")
-    manifest = build_manifest(job, {"name": "stand-in", "path": "-"}, {}, result.accepted, result.rejected, attempts,
-                              0, 0, {}, now, None, None)
-    _, staging = stage(Path(job.output.dir), result.accepted, result.rejected, attempts, [validation.result],
-                       manifest, job.output.jsonl)
-    mark("stage")
-    write_report(staging)
-    commit(Path(job.output.dir), staging)
-    mark("report_and_commit")
-    peak = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # kB on Linux
-    return {"items": n, "rss_mb_after": marks, "peak_rss_mb": peak}
+    proc = psutil.Process()
+    with prefect_test_harness(server_startup_timeout=120):
+        warm = bench.bench_job(bench.write_products(work / "warm.csv", 8), work / "out-warm", MAX_TOKENS)
+        batch_generation(warm)  # one-time costs (imports, GX, Prefect, the tokenizer) before the baseline
+        baseline = proc.memory_info().rss
+        job = bench.bench_job(bench.write_products(work / "products.csv", n), work / "out", MAX_TOKENS)
+        started = time.perf_counter()
+        manifest = batch_generation(job)
+        wall = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+    return {"items": n, "window_size": job.window_size, "windows": -(-n // job.window_size),
+            "engine_calls": llm.calls, "accepted": manifest["counts"]["accepted"],
+            "rejected": manifest["counts"]["rejected"], "wall_seconds": round(wall, 2),
+            "rss_after_warm_up_mb": round(baseline / 2**20, 1), "peak_rss_mb": round(peak / 2**20, 1),
+            "peak_above_warm_up_mb": round((peak - baseline) / 2**20, 1)}
 
 
 def main(argv: list[str]) -> int:
@@ -98,10 +83,13 @@ def main(argv: list[str]) -> int:
         print(json.dumps(measure(sizes[0])), flush=True)
         return 0
     result: dict = {"command": "python -m benchmarks.memory_parts " + " ".join(map(str, sizes)), "sizes": {},
-                    "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
+                    "max_tokens": MAX_TOKENS, "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]}
     for n in sizes:  # a fresh process per size: RSS peaks are per process
         out = subprocess.run([sys.executable, "-m", "benchmarks.memory_parts", str(n)], capture_output=True,
-                             text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+                             text=True, cwd=Path(__file__).resolve().parents[1])
+        if out.returncode:
+            sys.stderr.write(out.stderr[-4000:])
+            raise SystemExit(f"the {n}-item run failed (exit {out.returncode})")
         line = out.stdout.strip().splitlines()[-1]
         print(line, flush=True)
         result["sizes"][str(n)] = json.loads(line)

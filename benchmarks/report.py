@@ -213,26 +213,29 @@ def render_memory(memory: dict[str, Any]) -> list[str]:
 
 
 def render_memory_parts(parts: dict[str, Any]) -> list[str]:
-    """benchmarks/memory_parts.py: RSS of batchgen's own steps (engine outputs stood in) against items."""
+    """benchmarks/memory_parts.py: peak RSS of the flow's process (engine stood in) against items."""
     sizes = sorted(parts["sizes"], key=int)
-    steps = list(parts["sizes"][sizes[0]]["rss_mb_after"])
     lines = [
-        "## Memory of the pipeline's own steps against items",
+        "## Memory of the flow's own process against items",
         "",
-        f"`{parts['command']}` ({parts['finished_at']}): one process per size, the real load, prompts (real "
-        "tokenizer), GX validation, assembly, Parquet staging and report, on engine outputs stood in for the "
-        "engine's (4 tokens each, as with max_tokens 4). RSS of the process after each step, in MB.",
+        f"`{parts['command']}` ({parts['finished_at']}): one process per size runs the real flow (temporary "
+        "Prefect server, real load, tokenizer, GX validation, window staging, publishing and report) with every "
+        f"engine call answered in place of vLLM ({parts.get('max_tokens', 4)} tokens, cut off). The engine's own "
+        "processes reserve their KV cache at start, whatever the item count (see the peak RSS by process group "
+        "above). RSS in MB.",
         "",
-        "| items | " + " | ".join(steps) + " | peak |",
-        "| ---: | " + " | ".join("---:" for _ in steps) + " | ---: |",
+        "| items | windows | after a warm-up run of 8 items | peak | peak above warm-up | wall (s) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for size in sizes:
         m = parts["sizes"][size]
-        lines.append(f"| {int(size):,} | " + " | ".join(_mb(m["rss_mb_after"][k]) for k in steps)
-                     + f" | {_mb(m['peak_rss_mb'])} |")
+        lines.append(f"| {int(size):,} | {m['windows']} | {_mb(m['rss_after_warm_up_mb'])} | {_mb(m['peak_rss_mb'])} "
+                     f"| {_mb(m['peak_above_warm_up_mb'])} | {m['wall_seconds']:.1f} |")
     if parts.get("slope_kb_per_item") is not None:
-        lines += ["", f"Peak grows by **{parts['slope_kb_per_item']:.1f} KB per item**: every step holds the whole "
-                      "run's items, prompts and attempts in memory (not only the chunk in flight)."]
+        lines += ["", f"Peak grows by **{parts['slope_kb_per_item']:.2f} KB per item** from "
+                      f"{int(sizes[0]):,} to {int(sizes[-1]):,} items: the run goes window by window "
+                      f"(window_size {parts['sizes'][sizes[-1]]['window_size']:,}); what stays is the input table "
+                      "itself and per-window counts."]
     lines.append("")
     return lines
 

@@ -1,6 +1,7 @@
 """Benchmark: the batchgen flow against raw vLLM, a one-prompt-per-call loop and HF transformers.
 
-    python -m benchmarks.run                      # sizes 500 and 2000 (make bench)
+    python -m benchmarks.run                      # sizes 128 and 512 (make bench), ~25 minutes on 2 cores
+    python -m benchmarks.run --sizes 2000 --max-tokens 16 --out benchmarks/results/scale-2000
     python -m benchmarks.run --quick --out DIR    # tiny sizes: checks the plumbing in ~2 minutes
     python -m benchmarks.run --memory             # peak memory of the flow at 2000 vs 20000 items
 
@@ -69,8 +70,10 @@ class Config:
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="batchgen-bench-")))
 
 
-FULL = dict(sizes=[500, 2000], max_tokens=64, serial_items=64, hf_items=256, hf_batch_size=32, hf_threads=None,
-            retry_items=128,
+# Sizes that keep a full run under 30 minutes on a 2-core CPU (~0.75 s of engine time per item at
+# max_tokens 64); `--sizes 2000 --max-tokens 16` is the large-size check (benchmarks/results/scale-2000/).
+FULL = dict(sizes=[128, 512], max_tokens=64, serial_items=32, hf_items=64, hf_batch_size=32, hf_threads=None,
+            retry_items=64,
             retry_max_tokens=16, retry_passes=2, memory_sizes=[2000, 20000], memory_max_tokens=4)
 # --quick: one HF thread, since torch's threads slow down 10-20x when another process keeps a core busy.
 QUICK = dict(sizes=[8], max_tokens=8, serial_items=4, hf_items=4, hf_batch_size=4, hf_threads=1, retry_items=4,
@@ -88,14 +91,14 @@ def parse_args(argv: list[str] | None) -> Config:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", help="item counts for (a) and (b), e.g. --sizes 500 2000 or 500,2000 "
-                                                   "(default 500 2000)")
-    parser.add_argument("--serial-items", type=int, help="items for the one-prompt-per-call loop (c) (default 64)")
-    parser.add_argument("--hf-items", type=int, help="items for HF transformers (d) (default 256)")
+                                                   "(default 128 512)")
+    parser.add_argument("--serial-items", type=int, help="items for the one-prompt-per-call loop (c) (default 32)")
+    parser.add_argument("--hf-items", type=int, help="items for HF transformers (d) (default 64)")
     parser.add_argument("--hf-batch-size", type=int, help="HF static batch size (default 32)")
     parser.add_argument("--hf-threads", type=int,
                         help="torch threads for HF (default: torch's own, one per core; --quick: 1)")
     parser.add_argument("--max-tokens", type=int, help="max_tokens of the throughput comparison (default 64)")
-    parser.add_argument("--retry-items", type=int, help="items for the retry-strategy runs (default 128)")
+    parser.add_argument("--retry-items", type=int, help="items for the retry-strategy runs (default 64)")
     parser.add_argument("--retry-max-tokens", type=int, help="first-pass max_tokens of the retry runs (default 16)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--memory", action="store_true",
@@ -446,6 +449,8 @@ def run_hf(cfg: Config, model_path: str, prompts: list[list[int]], max_tokens: i
 
 def run_retry_strategies(cfg: Config, memory: TreeMemory) -> dict[str, Any]:
     """Retry output tokens per item rescued from truncation, for grow and continue."""
+    from batchgen.engine import get_engine
+
     products = write_products(cfg.work / f"products-retry-{cfg.retry_items}.csv", cfg.retry_items)
     result: dict[str, Any] = {"items": cfg.retry_items, "max_tokens": cfg.retry_max_tokens,
                               "max_passes": cfg.retry_passes, "strategies": {}}
@@ -455,6 +460,7 @@ def run_retry_strategies(cfg: Config, memory: TreeMemory) -> dict[str, Any]:
         result["growth_factor"], result["max_tokens_cap"] = job.retry.growth_factor, job.retry.max_tokens_cap
         log(f"retry strategy {strategy}: {cfg.retry_items} items, max_tokens {cfg.retry_max_tokens}, "
             f"{cfg.retry_passes} pass(es)")
+        cold_prefix_cache(get_engine(job.engine).llm)
         run = run_flow(job, memory)
         counts, attempts = run["manifest"]["counts"], run["attempts"]
         retried = attempts[attempts["attempt"] > 1]
@@ -534,6 +540,13 @@ def warm_up(cfg: Config, engine: Any, job: Any, prompts: list[list[int]], memory
     return {"raw_seconds": round(raw_seconds, 3), "flow_seconds": round(warm["wall"], 3)}
 
 
+def cold_prefix_cache(llm: Any) -> None:
+    """Every method starts with an empty prefix cache: the prompts are the same for all, and a method must not
+    reuse the KV blocks of the one before (within a method, prompts sharing a start reuse it, as in any job)."""
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
+
+
 def check_engine_spec(job: Any) -> None:
     from batchgen.engine import _key
     from batchgen.job import EngineSpec
@@ -583,14 +596,17 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
         warm = warm_up(cfg, engine, base_job, prompt_ids, memory)
 
         log(f"(c) one prompt per call on {cfg.serial_items} items")
+        cold_prefix_cache(llm)
         serial = run_serial(llm, prompt_ids[:cfg.serial_items], params, memory)
 
         sizes: dict[str, Any] = {}
         identical = True
         for n in cfg.sizes:
             log(f"(b) raw vLLM, one call on {n} prompts")
+            cold_prefix_cache(llm)
             raw = run_raw(llm, prompt_ids[:n], params, memory)
             log(f"(a) the flow on {n} items")
+            cold_prefix_cache(llm)
             run = run_flow(bench_job(csvs[n], cfg.work / f"out-{n}", cfg.max_tokens), memory, by_item)
             identical = identical and bool(run["prompts_identical"])
             timings, flow = run["manifest"]["timings_seconds"], run["flow"]

@@ -10,6 +10,7 @@ import batchgen  # noqa: F401  (first: sets process defaults before Prefect read
 
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,11 +20,16 @@ from prefect import flow
 from pydantic import Field
 
 from batchgen.generation import first_pass_requests
+from batchgen.items import LoadedItems
 from batchgen.job import JobSpec, load_job, parse_overrides, job_from_dict
-from tasks.generate import generate_task
+from batchgen.manifest import add_tallies
+from batchgen.publish import open_publication
+from batchgen.schema import frame_input_codec
+from expectations.validate import merge_results
+from tasks.generate import Generated, generate_task
 from tasks.load import load_items_task
 from tasks.prompts import build_prompts_task
-from tasks.publish import publish_task
+from tasks.publish import publish_task, stage_window_task
 from tasks.retry import plan_retry_task
 from tasks.validate import validate_task
 
@@ -76,41 +82,95 @@ def batch_generation(
         overrides: More job settings as key=value, e.g. sampling.temperature=0.2 or input.path=data/x.csv.
     """
     started_at = datetime.now(timezone.utc)
-    timings: dict[str, float] = {}
+    timings: dict[str, float] = {"load_and_prompts": 0.0, "generate": 0.0, "engine_calls": 0.0,
+                                 "validate_and_stage": 0.0}
     clock = time.perf_counter()
     spec = resolve_job(job, limit, max_tokens, output_dir, overrides)
     for note in spec.sampling.notes():
         print(f"sampling: {note}")
 
     loaded = load_items_task(spec)
-    prompts = build_prompts_task(spec, loaded)
     keywords = (loaded.items.set_index("item_id")[spec.expectations.keyword_column].astype("string")
                 if spec.expectations.keyword_column else None)
-    timings["load_and_prompts"] = time.perf_counter() - clock
+    # One staged publication for the whole run; each window adds its rows to it and is then let go.
+    staging = open_publication(Path(spec.output.dir))
+    codec = frame_input_codec(loaded.items, loaded.columns, [r.input for r in loaded.rejected])
+    timings["load_and_prompts"] += time.perf_counter() - clock
 
-    generated = generate_task(spec, first_pass_requests(prompts.built.prompts, spec.sampling), "first pass")
-    validated = validate_task(spec, generated.rows, keywords, "first pass")
-    attempts, results, reused = validated.rows, [validated.result], generated.reused
-    gen_seconds, engine_seconds, fresh_tokens = generated.seconds, generated.engine_seconds, generated.fresh_output_tokens
+    windows = item_windows(len(loaded.items), spec.window_size)
+    run = RunTotals()
+    for index, (start, stop) in enumerate(windows):
+        where = f"window {index + 1}/{len(windows)}, " if len(windows) > 1 else ""
+        items = loaded.items.iloc[start:stop]
+        run_window(spec, index, where, LoadedItems(items=items, rejected=[], columns=loaded.columns),
+                   loaded.rejected if index == 0 else [], keywords, staging, codec, run, timings)
+
+    timings["total_before_publish"] = time.perf_counter() - clock
+    return publish_task(spec, staging, run.counted, [merge_results(results) for results in run.validation],
+                        run.model, run.engine_args, run.reused, run.fresh_tokens, timings, started_at)
+
+
+def item_windows(count: int, size: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges of at most `size` items; one empty window when there are no items (rejections only)."""
+    return [(start, min(start + size, count)) for start in range(0, count, size)] or [(0, 0)]
+
+
+@dataclass
+class RunTotals:
+    """What the run keeps of its windows: counts and GX results, never their rows."""
+
+    counted: dict[str, Any] | None = None
+    validation: list[list[dict[str, Any]]] = field(default_factory=list)  # per pass, one result per window
+    reused: int = 0
+    fresh_tokens: int = 0
+    model: Any = None
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, generated: Generated, timings: dict[str, float]) -> None:
+        self.reused += generated.reused
+        self.fresh_tokens += generated.fresh_output_tokens
+        timings["generate"] += generated.seconds
+        timings["engine_calls"] += generated.engine_seconds
+
+
+def run_window(spec: JobSpec, index: int, where: str, window: LoadedItems, load_rejections: list,
+               keywords: pd.Series | None, staging: Path, codec: Any, run: RunTotals,
+               timings: dict[str, float]) -> None:
+    """Prompts, the first pass, validation and retry passes of one window of items, staged into the publication."""
+    clock = time.perf_counter()
+    prompts = build_prompts_task(spec, window)
+    run.model = prompts.model
+    timings["load_and_prompts"] += time.perf_counter() - clock
+
+    generated = generate_task(spec, first_pass_requests(prompts.built.prompts, spec.sampling), f"{where}first pass")
+    clock = time.perf_counter()
+    validated = validate_task(spec, generated.rows, keywords, f"{where}first pass")
+    timings["validate_and_stage"] += time.perf_counter() - clock
+    attempts, results = validated.rows, [validated.result]
+    run.engine_args = generated.engine_args
+    run.add(generated, timings)
 
     for pass_number in range(1, spec.retry.max_passes + 1):
         requests = plan_retry_task(spec, attempts, prompts.max_model_len, pass_number)
         if not requests:
             break
-        retried = generate_task(spec, requests, f"retry {pass_number}")
-        checked = validate_task(spec, retried.rows, keywords, f"retry {pass_number}")
+        retried = generate_task(spec, requests, f"{where}retry {pass_number}")
+        clock = time.perf_counter()
+        checked = validate_task(spec, retried.rows, keywords, f"{where}retry {pass_number}")
         attempts = pd.concat([attempts, checked.rows], ignore_index=True)
+        timings["validate_and_stage"] += time.perf_counter() - clock
         results.append(checked.result)
-        reused += retried.reused
-        gen_seconds += retried.seconds
-        engine_seconds += retried.engine_seconds
-        fresh_tokens += retried.fresh_output_tokens
+        run.add(retried, timings)
 
-    timings["generate"] = gen_seconds
-    timings["engine_calls"] = engine_seconds
-    timings["total_before_publish"] = time.perf_counter() - clock
-    return publish_task(spec, loaded, prompts, attempts, results, generated.engine_args, reused, fresh_tokens, timings,
-                        started_at)
+    clock = time.perf_counter()
+    counted = stage_window_task(spec, staging, index, window.items, window.columns,
+                                load_rejections + prompts.built.rejected, attempts, codec)
+    timings["validate_and_stage"] += time.perf_counter() - clock
+    run.counted = add_tallies(run.counted, counted)
+    for number, result in enumerate(results):
+        if number == len(run.validation):
+            run.validation.append([])
+        run.validation[number].append(result)
 
 
 if __name__ == "__main__":  # vLLM starts its workers with spawn: this module must be importable

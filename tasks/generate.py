@@ -16,7 +16,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from batchgen.engine import discard_engine, engine_args, get_engine, on_cpu
-from batchgen.generation import GenRequest, run_requests
+from batchgen.generation import GenRequest, request_key, run_requests, sampling_kwargs
 from batchgen.job import JobSpec
 from batchgen.models import resolve_model
 from batchgen.schema import ATTEMPT_SCHEMA
@@ -74,10 +74,11 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Gener
     """Generate every pending request with the process's engine; reuse committed results."""
     started = time.perf_counter()
     store = store_for(job)
-    done = store.load()
     model = resolve_model(job.engine.model)
     args = engine_args(job.engine, model, on_cpu())
     identity = json.dumps({k: v for k, v in args.items() if k not in ("tokenizer",)}, sort_keys=True, default=str)
+    base = sampling_kwargs(job.sampling)
+    done = store.load({request_key(r, base, identity) for r in requests})  # this window's commits only
     total = len(requests)
     progress_id = create_progress_artifact(progress=0.0, description=f"{job.name}: {label}, requests done (%)")
     fresh_tokens, engine_seconds, generated = 0, 0.0, 0

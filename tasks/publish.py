@@ -2,53 +2,83 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from batchgen.assemble import assemble
-from batchgen.items import LoadedItems
+from batchgen.assemble import LostItemsError, assemble
+from batchgen.items import Rejection
 from batchgen.job import JobSpec
-from batchgen.manifest import build_manifest
-from batchgen.publish import CURRENT, PUBLICATIONS, commit, stage
+from batchgen.manifest import build_manifest, tally
+from batchgen.models import ModelRef
+from batchgen.publish import ATTEMPTS, CURRENT, PUBLICATIONS, REJECTED, RESULTS, commit, frame_tables, stage_part, \
+    stage_parts
 from batchgen.remote import CURRENT_JSON, upload_publication
 from batchgen.report import report_markdown, write_report
 from batchgen.retry import latest_attempts
 from batchgen.summary import summary_markdown
-from tasks.prompts import PromptStep
+
+
+@task(name="stage-window", cache_policy=NO_CACHE)
+def stage_window_task(
+    job: JobSpec,
+    staging: Path,
+    index: int,
+    items: pd.DataFrame,
+    columns: list[str],
+    early_rejections: list[Rejection],
+    attempts: pd.DataFrame,
+    codec: tuple[pa.DataType, Callable[[Any], Any]],
+) -> dict[str, Any]:
+    """Choose each item's published candidate in one window, write the window's rows into the staged publication,
+    and return its counts; the window's items each end in results or rejected, exactly once."""
+    result = assemble(items, columns, early_rejections, latest_attempts(attempts), job.sampling)
+    stage_part(staging, index, frame_tables(result.accepted, result.rejected, attempts, codec))
+    return tally(result.accepted, result.rejected, attempts)
 
 
 @task(name="publish", cache_policy=NO_CACHE)
 def publish_task(
     job: JobSpec,
-    loaded: LoadedItems,
-    prompts: PromptStep,
-    attempts: pd.DataFrame,
+    staging: Path,
+    counted: dict[str, Any],
     validation: list[dict[str, Any]],
+    model: ModelRef,
     engine_args: dict[str, Any],
     reused: int,
     fresh_output_tokens: int,
     timings: dict[str, float],
     started_at: datetime,
 ) -> dict[str, Any]:
-    """Write accepted, rejected, every attempt, the GX results and the manifest into a new publication; switch to it."""
-    final = latest_attempts(attempts)
-    result = assemble(loaded.items, loaded.columns, loaded.rejected + prompts.built.rejected, final, job.sampling)
-    manifest = build_manifest(
-        job, {"name": prompts.model.name, "path": prompts.model.path}, engine_args, result.accepted,
-        result.rejected, attempts, reused, fresh_output_tokens, timings, started_at, flow_run.get_id(),
-        flow_run.get_flow_name(),
-    )
-    written, staging = stage(Path(job.output.dir), result.accepted, result.rejected, attempts, validation, manifest,
-                             job.output.jsonl)
+    """Join the windows' rows into results, rejected and attempts, add the GX results and the manifest; switch."""
+    manifest = build_manifest(job, {"name": model.name, "path": model.path}, engine_args, counted, reused,
+                              fresh_output_tokens, timings, started_at, flow_run.get_id(), flow_run.get_flow_name())
+    written, staging = stage_parts(Path(job.output.dir), staging, [RESULTS, REJECTED, ATTEMPTS], validation,
+                                   manifest, job.output.jsonl)
+    check_published_once(staging, counted["items"])
     finish_publication(job, written, staging, _artifact_key(job.name), f"{job.name}: run summary", "publish")
     return written
+
+
+def check_published_once(staging: Path, expected: int) -> None:
+    """Across windows: results and rejected hold `expected` distinct item ids, none twice (read as Arrow columns)."""
+    ids = pa.chunked_array([chunk for name in (RESULTS, REJECTED)
+                            for chunk in pq.read_table(staging / name, columns=["item_id"])["item_id"].chunks],
+                           type=pa.string())
+    distinct = len(pc.unique(ids))
+    if len(ids) != expected or distinct != len(ids):
+        raise LostItemsError(f"{staging.name}: {len(ids)} published rows, {distinct} distinct items, "
+                             f"{expected} expected")
 
 
 def finish_publication(job: JobSpec, written: dict[str, Any], staging: Path, artifact_key: str,

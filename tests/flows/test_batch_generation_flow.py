@@ -172,3 +172,42 @@ def test_flow_retry_resumes_from_committed_chunks_and_publishes_once(tmp_path, p
 
     run = asyncio.run(read_run())
     assert run.state.is_completed() and run.run_count == 2  # one flow run, retried once by Prefect
+
+
+def test_windows_publish_what_one_window_publishes(tmp_path, prefect_server, stand_in):
+    """20 items in windows of 6 (6, 6, 6, 2): the same items, counts and verdicts as one window of 20."""
+    from flows.batch_generation import batch_generation
+
+    def run(window_size: int, out: str) -> tuple[dict, pd.DataFrame, pd.DataFrame, list]:
+        job = job_from_dict(product_job(tmp_path, 20, expectations={"keyword_column": None},
+                                        retry={"max_passes": 1}, window_size=window_size,
+                                        output={"dir": str(tmp_path / out)}))
+        manifest = batch_generation(job)
+        current = tmp_path / out / "current"
+        return (manifest, pd.read_parquet(current / "results.parquet"), pd.read_parquet(current / "attempts.parquet"),
+                json.loads((current / "validation.json").read_text()))
+
+    whole, whole_results, whole_attempts, whole_validation = run(2048, "whole")
+    calls_whole = list(stand_in.calls)
+    stand_in.calls.clear()
+    windowed, results, attempts, validation = run(6, "windowed")
+
+    assert stand_in.calls == [6, 6, 6, 6, 6, 6, 2, 2]  # per window: the first pass, then its retry pass
+    assert calls_whole == [16, 4, 16, 4]
+    assert windowed["counts"] == {**whole["counts"], "reused": windowed["counts"]["reused"]}
+    assert windowed["tokens"]["output"] == whole["tokens"]["output"]
+    assert sorted(results["item_id"]) == sorted(whole_results["item_id"]) == [f"p{i:05d}" for i in range(1, 21)]
+    assert results["item_id"].is_unique and len(attempts) == len(whole_attempts) == 40
+    assert list(results.sort_values("item_id")["text"]) == list(whole_results.sort_values("item_id")["text"])
+    # validation.json: one merged GX result per pass, as if the pass had been validated in one go
+    assert len(validation) == len(whole_validation) == 2
+    for merged, single in zip(validation, whole_validation):
+        assert [r["result"]["element_count"] for r in merged["results"]] == \
+            [r["result"]["element_count"] for r in single["results"]]
+        assert [r["result"]["unexpected_count"] for r in merged["results"]] == \
+            [r["result"]["unexpected_count"] for r in single["results"]]
+        assert merged["success"] == single["success"]
+    # the staging pieces are gone from the publication, and the manifest lists every file it holds
+    current = tmp_path / "windowed" / "current"
+    assert not (current / ".parts").exists()
+    assert {"results.parquet", "rejected.parquet", "attempts.parquet", "results.jsonl"} <= set(windowed["files"])

@@ -313,6 +313,20 @@ def test_store_commit_and_load_round_trip(tmp_path):
     assert list(done["key-p3-1-None"][0]) == ATTEMPT_SCHEMA.names
 
 
+def test_store_loads_only_the_keys_asked_for(tmp_path):
+    store = ResultStore(tmp_path / "store")
+    first = generated("p1", ["a", "b"]) + generated("p2", ["c"])
+    second = generated("p3", ["d"])
+    store.commit(first)
+    store.commit(second)
+
+    done = store.load({"key-p1-1-None", "key-p3-1-None", "key-never-committed"})
+
+    assert sorted(done) == ["key-p1-1-None", "key-p3-1-None"]  # p2 is committed but not asked for
+    assert done["key-p1-1-None"] == first[:2] and done["key-p3-1-None"] == second
+    assert dict(store.load(set())) == {}
+
+
 def test_store_of_a_missing_folder_is_empty(tmp_path):
     assert dict(ResultStore(tmp_path / "never-written").load()) == {}
 

@@ -99,8 +99,8 @@ def test_crash_at_any_step_leaves_the_previous_publication(tmp_path, monkeypatch
     def boom(*args, **kwargs):
         raise OSError(f"injected crash at {step}")
 
-    if step == "results":
-        monkeypatch.setattr(publishing, "write_atomic", boom)
+    if step == "results":  # in the middle of writing results.parquet
+        monkeypatch.setattr(publishing.pq.ParquetWriter, "write_table", boom)
     elif step == "jsonl mirror":
         monkeypatch.setattr(publishing, "_jsonl", boom)
     elif step == "manifest":
@@ -168,3 +168,33 @@ def test_input_columns_whose_types_vary_by_row_publish_as_json_text(tmp_path):
     assert inputs == [{"name": "Mug", "size": "350", "tags": '["a"]'},
                       {"name": "Boots", "size": '"large"', "tags": "{}"},
                       {"name": "Lamp", "size": None, "tags": '"c"'}]
+
+
+def test_windows_staged_as_parts_join_into_one_file_per_table(tmp_path):
+    """Parts whose columns Arrow inferred differently (null in one window, numbers or text in others) join."""
+    import pyarrow as pa
+
+    from batchgen.publish import PARTS, open_publication, stage_part, stage_parts, verify_publication
+
+    out = tmp_path / "out"
+    staging = open_publication(out)
+    windows = [
+        pa.table({"item_id": ["a", "b"], "score": pa.array([None, None], pa.null()), "n": [1, 2]}),
+        pa.table({"item_id": ["c"], "score": pa.array([0.5]), "n": [3]}),
+        pa.table({"item_id": ["d"], "score": pa.array(["high"]), "n": [4]}),
+    ]
+    for index, table in enumerate(windows):
+        stage_part(staging, index, {"results.parquet": table})
+
+    manifest, staged = stage_parts(out, staging, ["results.parquet"], [], {"counts": {}}, jsonl=True)
+
+    joined = pq.read_table(staged / "results.parquet")
+    assert joined.column("item_id").to_pylist() == ["a", "b", "c", "d"]
+    assert joined.schema.field("score").type == pa.string()  # a number in one window, text in another
+    assert joined.column("score").to_pylist() == [None, None, "0.5", "high"]
+    assert joined.column("n").to_pylist() == [1, 2, 3, 4]
+    assert manifest["files"]["results.parquet"]["rows"] == 4
+    lines = (staged / "results.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["item_id"] for line in lines] == ["a", "b", "c", "d"]
+    assert not (staged / PARTS).exists()
+    verify_publication(staged)

@@ -145,3 +145,44 @@ def test_suite_expectations_carry_the_job_values():
     assert (truncated.column, list(truncated.value_set)) == ("finish_reason", ["stop"])
     [keyword] = by_id["keyword"]
     assert (keyword.column, list(keyword.value_set)) == ("keyword_present", [True])
+
+
+def test_merged_windows_read_like_one_validation_of_all_rows():
+    """GX results of disjoint windows of one pass, merged: the counts of one validation of every row."""
+    from expectations.validate import merge_results
+
+    rows = pd.DataFrame({
+        "item_id": list(CASES), "candidate": [0] * len(CASES), "attempt": [1] * len(CASES),
+        "text": [c[0] for c in CASES.values()], "finish_reason": [c[1] for c in CASES.values()],
+    })
+    keywords = pd.Series({item: c[2] for item, c in CASES.items()}, dtype="string")
+    whole = validate_rows(rows, SPEC, keywords, suite_name="unit-outputs").result
+    parts = [validate_rows(rows.iloc[a:b], SPEC, keywords, suite_name="unit-outputs").result
+             for a, b in [(0, 3), (3, 7), (7, len(CASES))]]
+
+    merged = merge_results(parts)
+
+    def figures(result):
+        return [(o["expectation_config"]["type"], o["success"], o["result"]["element_count"],
+                 o["result"]["unexpected_count"], round(o["result"]["unexpected_percent"], 6),
+                 sorted(map(str, o["result"]["unexpected_list"]))) for o in result["results"]]
+
+    assert figures(merged) == figures(whole)
+    assert merged["success"] == whole["success"] is False
+    assert {k: merged["statistics"][k] for k in ("evaluated_expectations", "successful_expectations")} == \
+        {k: whole["statistics"][k] for k in ("evaluated_expectations", "successful_expectations")}
+    assert merge_results([]) == {"success": True, "results": [], "statistics": {}}
+
+
+def test_merged_results_list_a_bounded_number_of_failing_rows():
+    from expectations import validate
+
+    rows = pd.DataFrame({"item_id": [f"i{n}" for n in range(30)], "candidate": 0, "attempt": 1,
+                         "text": "short", "finish_reason": "stop"})
+    one = validate_rows(rows, ExpectationsSpec(min_chars=20), None, suite_name="unit-outputs").result
+    merged = validate.merge_results([one] * 50)  # 1,500 failing rows
+
+    [outcome] = [o for o in merged["results"] if o["expectation_config"]["meta"].get("batchgen_id") == "length"]
+    assert outcome["result"]["unexpected_count"] == 1500 and outcome["result"]["element_count"] == 1500
+    assert len(outcome["result"]["unexpected_list"]) == validate.LISTED_ROWS
+    assert len(outcome["result"]["partial_unexpected_list"]) == validate.PARTIAL_ROWS
