@@ -15,12 +15,17 @@ import json
 import logging
 import os
 import shutil
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchgen.publish import ATTEMPTS, MANIFEST, REJECTED, RESULTS, VALIDATION, write_text_atomic
@@ -38,17 +43,79 @@ class NotAPublicationError(ValueError):
 
 @dataclass
 class Publication:
+    """What the report shows of a publication: its manifest and GX results, and aggregates of its tables
+    (one scan, a batch of rows at a time: the report's memory does not grow with the run)."""
+
     root: Path
     manifest: dict[str, Any]
-    results: pd.DataFrame
-    rejected: pd.DataFrame
-    attempts: pd.DataFrame
     validation: list[dict[str, Any]]
+    finish: pd.DataFrame  # outputs per (attempt, finish reason)
+    lengths: pd.DataFrame  # chars, status: one row per published output with a text
+    chunks: pd.DataFrame  # per engine chunk of this run: chunk_finished_at, tokens, chunk_seconds
+    accepted_sample: list[dict[str, Any]]
+    rejected_sample: list[dict[str, Any]]
 
 
-def _read(path: Path, columns: list[str]) -> pd.DataFrame:
-    present = set(pq.read_schema(path).names)
-    return pq.read_table(path, columns=[c for c in columns if c in present]).to_pandas()
+BATCH_ROWS = 8192
+
+
+def _batches(path: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    reader = pq.ParquetFile(path)
+    present = [c for c in columns if c in reader.schema_arrow.names]
+    yield from reader.iter_batches(batch_size=BATCH_ROWS, columns=present)
+
+
+def _lengths(path: Path, status: str) -> np.ndarray:
+    """Characters of every output with a text (accepted: a missing text counts as 0)."""
+    parts = []
+    for batch in _batches(path, ["text"]):
+        text = batch.column(0)
+        if status == "rejected":
+            text = pc.drop_null(text)
+        parts.append(pc.fill_null(pc.utf8_length(text), 0).to_numpy(zero_copy_only=False).astype(np.int32))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+
+def _sample(path: Path, columns: list[str], size: int) -> list[dict[str, Any]]:
+    """A fixed-seed sample of `size` rows (pandas' `sample(random_state=0)` draw), in input order."""
+    rows = pq.ParquetFile(path).metadata.num_rows
+    wanted = (np.sort(np.random.RandomState(0).choice(rows, size=size, replace=False)) if rows > size
+              else np.arange(rows))
+    picked, offset = [], 0
+    for batch in _batches(path, columns):
+        inside = wanted[(wanted >= offset) & (wanted < offset + batch.num_rows)] - offset
+        if len(inside):
+            picked.extend(batch.take(pa.array(inside)).to_pylist())
+        offset += batch.num_rows
+    return sorted(picked, key=lambda row: (row.get("row_number") is None, row.get("row_number") or 0))
+
+
+def _attempt_aggregates(path: Path, started: pd.Timestamp | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Outputs per (attempt, finish reason), and tokens per engine chunk finished after `started`."""
+    finish: Counter = Counter()
+    chunks: dict[Any, list[Any]] = {}
+    for batch in _batches(path, ["attempt", "finish_reason", "new_output_tokens", "chunk_seconds",
+                                 "chunk_finished_at"]):
+        frame = batch.to_pandas()
+        if frame.empty:
+            continue
+        finish.update(zip(frame["attempt"].astype(int), frame["finish_reason"].fillna("unknown")))
+        if "chunk_finished_at" not in frame:
+            continue
+        timed = frame.dropna(subset=["chunk_finished_at"])
+        if started is not None:
+            timed = timed[timed["chunk_finished_at"] >= started]  # reused results are not this run's work
+        for at, group in timed.groupby("chunk_finished_at"):
+            entry = chunks.setdefault(at, [0, group["chunk_seconds"].iloc[0]])
+            entry[0] += int(group["new_output_tokens"].sum())
+    table = pd.Series(finish, dtype="int64").unstack(fill_value=0) if finish else pd.DataFrame()
+    if not table.empty:
+        table.index.name, table.columns.name = None, None
+        table = table.sort_index()
+    frame = pd.DataFrame([{"chunk_finished_at": at, "tokens": tokens, "chunk_seconds": seconds}
+                          for at, (tokens, seconds) in sorted(chunks.items())],
+                         columns=["chunk_finished_at", "tokens", "chunk_seconds"])
+    return table, frame
 
 
 def load_publication(run_dir: Path) -> Publication:
@@ -62,19 +129,26 @@ def load_publication(run_dir: Path) -> Publication:
     try:
         manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
         validation = json.loads((root / VALIDATION).read_text(encoding="utf-8"))
-        results = _read(root / RESULTS, ["item_id", "row_number", "attempt", "text", "finish_reason",
-                                         "n_output_tokens"])
-        rejected = _read(root / REJECTED, ["item_id", "row_number", "stage", "reasons", "detail", "attempt", "text",
-                                           "finish_reason", "n_output_tokens"])
-        attempts = _read(root / ATTEMPTS, ["item_id", "candidate", "attempt", "finish_reason", "new_output_tokens",
-                                           "chunk_seconds", "chunk_finished_at", "passed", "failed"])
-    except (OSError, ValueError) as exc:
+        if not isinstance(manifest, dict) or "counts" not in manifest:
+            raise NotAPublicationError(f"{root / MANIFEST} has no counts: not a batchgen manifest")
+        started = pd.Timestamp(manifest["started_at"]) if manifest.get("started_at") else None
+        finish, chunks = _attempt_aggregates(root / ATTEMPTS, started)
+        lengths = pd.concat([pd.DataFrame({"chars": _lengths(root / RESULTS, "accepted"), "status": "accepted"}),
+                             pd.DataFrame({"chars": _lengths(root / REJECTED, "rejected"), "status": "rejected"})],
+                            ignore_index=True)
+        accepted = _sample(root / RESULTS, ["item_id", "row_number", "attempt", "text", "finish_reason",
+                                            "n_output_tokens"], SAMPLE_SIZE)
+        rejected = _sample(root / REJECTED, ["item_id", "row_number", "stage", "reasons", "detail", "attempt", "text",
+                                             "finish_reason", "n_output_tokens"], SAMPLE_SIZE)
+    except NotAPublicationError:
+        raise
+    except (OSError, ValueError, pa.ArrowException) as exc:
         raise NotAPublicationError(f"{root}: cannot read the publication: {exc}") from exc
-    if not isinstance(manifest, dict) or "counts" not in manifest:
-        raise NotAPublicationError(f"{root / MANIFEST} has no counts: not a batchgen manifest")
+    for row in rejected:
+        row["reasons"] = list(row.get("reasons") or [])
     if isinstance(validation, dict):
         validation = [validation]
-    return Publication(root, manifest, results, rejected, attempts, validation)
+    return Publication(root, manifest, validation, finish, lengths, chunks, accepted, rejected)
 
 
 # ---------------------------------------------------------------- figures
@@ -85,13 +159,9 @@ def pass_label(index: int) -> str:
     return "first pass" if index == 0 else f"retry {index}"
 
 
-def finish_reasons_per_attempt(attempts: pd.DataFrame) -> pd.DataFrame:
+def finish_reasons_per_attempt(pub: Publication) -> pd.DataFrame:
     """Rows: attempt number; columns: finish reason; values: outputs."""
-    if attempts.empty:
-        return pd.DataFrame()
-    table = pd.crosstab(attempts["attempt"].astype(int), attempts["finish_reason"].fillna("unknown"))
-    table.columns.name = None
-    return table
+    return pub.finish
 
 
 def pass_rate_per_expectation(validation: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -115,23 +185,15 @@ def pass_rate_per_expectation(validation: list[dict[str, Any]]) -> list[dict[str
 
 def output_lengths(pub: Publication) -> pd.DataFrame:
     """Characters of every published output: accepted, and rejected ones that have a text."""
-    accepted = pd.DataFrame({"chars": pub.results["text"].fillna("").str.len(), "status": "accepted"})
-    texts = pub.rejected["text"].dropna()
-    rejected = pd.DataFrame({"chars": texts.str.len(), "status": "rejected"})
-    return pd.concat([accepted, rejected], ignore_index=True)
+    return pub.lengths
 
 
 def throughput(pub: Publication) -> pd.DataFrame:
     """One row per engine chunk generated in this run: seconds since the run started, tokens/s, cumulative tokens."""
-    attempts = pub.attempts
-    if attempts.empty or "chunk_finished_at" not in attempts or attempts["chunk_finished_at"].isna().all():
+    chunks = pub.chunks.copy()
+    if chunks.empty:
         return pd.DataFrame(columns=["seconds", "tokens", "tokens_per_second", "cumulative_tokens"])
     started = pd.Timestamp(pub.manifest["started_at"])
-    timed = attempts.dropna(subset=["chunk_finished_at"])
-    timed = timed[timed["chunk_finished_at"] >= started]  # results reused from earlier runs are not this run's work
-    chunks = (timed.groupby("chunk_finished_at")
-              .agg(tokens=("new_output_tokens", "sum"), chunk_seconds=("chunk_seconds", "first"))
-              .sort_index().reset_index())
     chunks["seconds"] = (chunks["chunk_finished_at"] - started).dt.total_seconds()
     chunks["tokens_per_second"] = chunks["tokens"] / chunks["chunk_seconds"].where(chunks["chunk_seconds"] > 0)
     chunks["cumulative_tokens"] = chunks["tokens"].cumsum()
@@ -140,14 +202,7 @@ def throughput(pub: Publication) -> pd.DataFrame:
 
 def samples(pub: Publication, size: int = SAMPLE_SIZE) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """A fixed-seed sample of accepted and of rejected rows, in input order."""
-    def pick(frame: pd.DataFrame) -> list[dict[str, Any]]:
-        chosen = frame.sample(n=min(size, len(frame)), random_state=0) if len(frame) > size else frame
-        chosen = chosen.sort_values("row_number", na_position="last")
-        return chosen.astype(object).where(chosen.notna(), None).to_dict(orient="records")
-
-    rejected = pub.rejected.copy()
-    rejected["reasons"] = rejected["reasons"].map(lambda r: [] if r is None else list(r))
-    return pick(pub.results), pick(rejected)
+    return pub.accepted_sample[:size], pub.rejected_sample[:size]
 
 
 # ---------------------------------------------------------------- charts
@@ -466,7 +521,7 @@ def render_html(pub: Publication, docs: dict[str, Any] | None) -> str:
     bounds = m.get("expectations", {}) or {}
     lines = pass_rate_per_expectation(pub.validation)
     charts = [
-        {"title": "Finish reasons per attempt", "src": chart_finish_reasons(finish_reasons_per_attempt(pub.attempts))},
+        {"title": "Finish reasons per attempt", "src": chart_finish_reasons(finish_reasons_per_attempt(pub))},
         {"title": "Output length against the expected bounds",
          "src": chart_lengths(output_lengths(pub), bounds.get("min_chars"), bounds.get("max_chars"))},
         {"title": "Pass rate per expectation", "src": chart_expectations(lines)},
@@ -495,7 +550,7 @@ def write_report(run_dir: Path) -> Path:
 def figures_markdown(pub: Publication) -> str:
     """The report's figures as markdown: finish reasons, lengths, expectations, throughput."""
     lines = ["", "**Finish reasons per attempt**", ""]
-    table = finish_reasons_per_attempt(pub.attempts)
+    table = finish_reasons_per_attempt(pub)
     if table.empty:
         lines.append("(no outputs)")
     else:

@@ -60,7 +60,7 @@ def measure(n: int) -> dict:
     with prefect_test_harness(server_startup_timeout=120):
         warm = bench.bench_job(bench.write_products(work / "warm.csv", 8), work / "out-warm", MAX_TOKENS)
         batch_generation(warm)  # one-time costs (imports, GX, Prefect, the tokenizer) before the baseline
-        baseline = proc.memory_info().rss
+        baseline, llm.calls = proc.memory_info().rss, 0
         job = bench.bench_job(bench.write_products(work / "products.csv", n), work / "out", MAX_TOKENS)
         started = time.perf_counter()
         manifest = batch_generation(job)

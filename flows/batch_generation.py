@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import pandas as pd
 from prefect import flow
+from prefect.utilities.annotations import quote
 from pydantic import Field
 
 from batchgen.generation import first_pass_requests
@@ -106,7 +107,7 @@ def batch_generation(
                    loaded.rejected if index == 0 else [], keywords, staging, codec, run, timings)
 
     timings["total_before_publish"] = time.perf_counter() - clock
-    return publish_task(spec, staging, run.counted, [merge_results(results) for results in run.validation],
+    return publish_task(spec, staging, run.counted, quote([merge_results(results) for results in run.validation]),
                         run.model, run.engine_args, run.reused, run.fresh_tokens, timings, started_at)
 
 
@@ -142,7 +143,9 @@ def run_window(spec: JobSpec, index: int, where: str, window: LoadedItems, load_
     run.model = prompts.model
     timings["load_and_prompts"] += time.perf_counter() - clock
 
-    generated = generate_task(spec, first_pass_requests(prompts.built.prompts, spec.sampling), f"{where}first pass")
+    # quote(): Prefect would otherwise walk every request and token id to track task inputs (seconds per window).
+    requests = first_pass_requests(prompts.built.prompts, spec.sampling)
+    generated = generate_task(spec, quote(requests), f"{where}first pass")
     clock = time.perf_counter()
     validated = validate_task(spec, generated.rows, keywords, f"{where}first pass")
     timings["validate_and_stage"] += time.perf_counter() - clock
@@ -154,7 +157,7 @@ def run_window(spec: JobSpec, index: int, where: str, window: LoadedItems, load_
         requests = plan_retry_task(spec, attempts, prompts.max_model_len, pass_number)
         if not requests:
             break
-        retried = generate_task(spec, requests, f"{where}retry {pass_number}")
+        retried = generate_task(spec, quote(requests), f"{where}retry {pass_number}")
         clock = time.perf_counter()
         checked = validate_task(spec, retried.rows, keywords, f"{where}retry {pass_number}")
         attempts = pd.concat([attempts, checked.rows], ignore_index=True)
@@ -164,7 +167,7 @@ def run_window(spec: JobSpec, index: int, where: str, window: LoadedItems, load_
 
     clock = time.perf_counter()
     counted = stage_window_task(spec, staging, index, window.items, window.columns,
-                                load_rejections + prompts.built.rejected, attempts, codec)
+                                quote(load_rejections + prompts.built.rejected), attempts, codec)
     timings["validate_and_stage"] += time.perf_counter() - clock
     run.counted = add_tallies(run.counted, counted)
     for number, result in enumerate(results):
