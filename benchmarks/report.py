@@ -166,6 +166,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"- ¹ Measured once, on the first {serial['items']} items (c) and the first {hf['items']} items (d) "
         f"(HF: batch size {hf['batch_size']}, {hf['torch_threads']} torch thread(s), sampling with top_k off as "
         "in vLLM), and reported as rates; the same figures appear at every size, and their ratios compare rates.",
+        "- The engine's prefix cache is emptied before each method (`LLM.reset_prefix_cache`): the methods share "
+        "their prompts, and none may reuse KV blocks another computed. Within a method, prompts that start alike "
+        f"share blocks, as in any job (block_size {result['engine']['args'].get('block_size', 'vLLM default')}).",
         "- ² The generation stage is the flow's `generate` task as the manifest times it "
         "(`timings_seconds.generate`), in the same run as the flow row; its peak memory is the flow run's.",
         "- Output tokens/s = generated tokens (as vLLM counts them: up to and including the token that ended the "
