@@ -237,8 +237,7 @@ def render_memory_parts(parts: dict[str, Any]) -> list[str]:
     if parts.get("slope_kb_per_item") is not None:
         lines += ["", f"Peak grows by **{parts['slope_kb_per_item']:.2f} KB per item** from "
                       f"{int(sizes[0]):,} to {int(sizes[-1]):,} items: the run goes window by window "
-                      f"(window_size {parts['sizes'][sizes[-1]]['window_size']:,}); what stays is the input table "
-                      "itself and per-window counts."]
+                      f"(window_size {parts['sizes'][sizes[-1]]['window_size']:,})."]
     lines.append("")
     return lines
 
