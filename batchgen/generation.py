@@ -218,11 +218,14 @@ def run_requests(
     sampling: SamplingSpec,
     model_identity: str,
     chunk_size: int,
-    done: dict[str, list[dict[str, Any]]] | None = None,
+    done: dict[str, list[dict[str, Any]]] | Callable[[set[str]], dict[str, list[dict[str, Any]]]] | None = None,
     on_chunk: Callable[[list[dict[str, Any]], int, int], None] | None = None,
     progress: Callable[[int, int], Any] | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """Generate every request not already in `done` (keyed by request_key); return all rows and the reuse count.
+
+    `done` is the committed rows by key, or a loader called once with the requests' keys
+    (e.g. `ResultStore.load`), so the keys are computed once.
 
     The engine is asked for (`llm_factory()`) only when something is left to generate.
     `on_chunk(new_rows, requests_done, requests_total)` runs after each engine call; the
@@ -232,8 +235,10 @@ def run_requests(
     from vllm import TokensPrompt
 
     base = sampling_kwargs(sampling)
-    done = done or {}
     keyed = [(request_key(r, base, model_identity), r) for r in requests]
+    if callable(done):
+        done = done({key for key, _ in keyed})
+    done = done or {}
     rows: list[dict[str, Any]] = []
     pending = []
     reused = 0

@@ -16,7 +16,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from batchgen.engine import discard_engine, engine_args, get_engine, on_cpu
-from batchgen.generation import GenRequest, request_key, run_requests, sampling_kwargs
+from batchgen.generation import GenRequest, run_requests
 from batchgen.job import JobSpec
 from batchgen.models import resolve_model
 from batchgen.schema import ATTEMPT_SCHEMA
@@ -77,8 +77,6 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Gener
     model = resolve_model(job.engine.model)
     args = engine_args(job.engine, model, on_cpu())
     identity = json.dumps({k: v for k, v in args.items() if k not in ("tokenizer",)}, sort_keys=True, default=str)
-    base = sampling_kwargs(job.sampling)
-    done = store.load({request_key(r, base, identity) for r in requests})  # this window's commits only
     total = len(requests)
     progress_id = create_progress_artifact(progress=0.0, description=f"{job.name}: {label}, requests done (%)")
     fresh_tokens, engine_seconds, generated = 0, 0.0, 0
@@ -97,7 +95,7 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Gener
 
     try:
         rows, reused = run_requests(lambda: get_engine(job.engine).llm, requests, job.sampling, identity,
-                                    job.chunk_size, done=done, on_chunk=on_chunk,
+                                    job.chunk_size, done=store.load, on_chunk=on_chunk,  # this window's commits only
                                     progress=live_progress(label, progress_id))
     except Exception:
         discard_engine(job.engine)  # the Prefect retry starts from a fresh engine

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -100,29 +101,48 @@ def test_two_shards_run_on_two_workers_and_merge_into_one_publication(cluster, t
     assert (out / "current" / "report.html").is_file()
 
 
-def _running_shard(server: PrefectServer, out: Path, timeout: float = 600):
-    """(shard folder, flow run id) of a shard that has committed a chunk but not published yet."""
+def _largest_shard() -> tuple[int, int]:
+    """(index, size) of the shard holding the most of the test's items."""
+    from batchgen.shards import shard_of
+
+    sizes = Counter(shard_of(item_id, 2) for item_id in IDS)
+    index, size = sizes.most_common(1)[0]
+    return index, size
+
+
+def _running_shard(server: PrefectServer, out: Path, index: int, size: int, timeout: float = 600):
+    """(shard folder, flow run id) of shard `index` once it has committed a chunk but has more to generate.
+
+    The shard must be far from done when it is killed: a shard whose last chunk is committed may
+    validate and publish before the kill lands (the 8 test items split 1 and 7 between the shards).
+    """
+    from batchgen.shards import shard_dir
+
+    shard = shard_dir(out, index, 2)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for shard in sorted((out / "shards").glob("*-of-2")):
-            chunks = list((shard / ".batchgen" / "results").glob("*.parquet"))
-            if chunks and not (shard / "current").exists():
-                with server.client() as client:
-                    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+        committed = len(list((shard / ".batchgen" / "results").glob("*.parquet")))
+        if committed > size - 3 or (shard / "current").exists():
+            raise RuntimeError(f"shard {index} got too far ({committed} of {size} chunks) before it was seen")
+        if committed:
+            from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 
-                    for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                            tags=FlowRunFilterTags(all_=["batchgen-shard"]))):
-                        if run.parameters.get("output_dir") == str(shard) and run.state.is_running():
-                            return shard, str(run.id)
+            with server.client() as client:
+                for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                        tags=FlowRunFilterTags(all_=["batchgen-shard"]))):
+                    if run.parameters.get("output_dir") == str(shard) and run.state.is_running():
+                        return shard, str(run.id)
         time.sleep(0.5)
-    raise TimeoutError("no shard committed a chunk in time")
+    raise TimeoutError(f"shard {index} committed no chunk in time")
 
 
 def test_a_killed_worker_s_shard_is_rerun_by_the_other_and_nothing_is_lost(cluster, tmp_path):
     server, workers = cluster
     out = tmp_path / "out"
+    index, size = _largest_shard()
+    assert size >= 4, "the test needs a shard with chunks left to generate when it is killed"
     proc = run_sharded(server, out, "--set", "sampling.max_tokens=24", "--set", "chunk_size=1")
-    shard, run_id = _running_shard(server, out)
+    shard, run_id = _running_shard(server, out, index, size)
     victim = next(name for name in workers
                   if f"submitting flow run '{run_id}'" in (ARTIFACTS / f"{name}.log").read_text(errors="replace"))
     root = psutil.Process(workers[victim].pid)

@@ -250,6 +250,31 @@ def test_run_requests_reuses_done_results_without_asking_the_engine():
     assert progress == [(3, 5), (5, 5)]
 
 
+def test_run_requests_asks_a_loader_once_for_exactly_its_requests_keys(tmp_path):
+    from batchgen.store import ResultStore
+
+    sampling = SamplingSpec(max_tokens=4)
+    reqs = many_requests(5)
+    store = ResultStore(tmp_path / "results")
+    first_rows, _ = run_requests(Factory(FakeLLM()), reqs[:3], sampling, MODEL, chunk_size=2)
+    store.commit(first_rows)
+    asked: list[set[str]] = []
+
+    def loader(keys: set[str]):
+        asked.append(keys)
+        return store.load(keys)
+
+    llm = FakeLLM()
+    rows, reused = run_requests(Factory(llm), reqs[1:], sampling, MODEL, chunk_size=2, done=loader)
+
+    assert len(asked) == 1 and len(asked[0]) == 4  # p1..p4, each key once
+    assert {r["request_key"] for r in first_rows[1:]} <= asked[0]
+    assert first_rows[0]["request_key"] not in asked[0]  # p0 is not this call's
+    assert reused == 2
+    assert [p["prompt_token_ids"][0] for prompts, _ in llm.calls for p in prompts] == [1003, 1004]
+    assert sorted(r["item_id"] for r in rows) == [f"p{i}" for i in range(1, 5)]
+
+
 def test_run_requests_never_builds_the_engine_when_nothing_is_pending():
     sampling = SamplingSpec(max_tokens=4)
     reqs = many_requests(2)
