@@ -213,11 +213,25 @@ def stage_tables(
     jsonl: bool,
     staging: Path | None = None,
 ) -> tuple[dict[str, Any], Path]:
-    """`stage` for tables that are already Arrow (e.g. shard publications merged into one)."""
+    """`stage` for tables that are already Arrow."""
+    streams = {name: (table.schema, [table]) for name, table in tables.items()}
+    return stage_streams(out_dir, streams, validation, manifest, jsonl, staging)
+
+
+def stage_streams(
+    out_dir: Path,
+    streams: dict[str, tuple[pa.Schema, Iterable[pa.Table]]],
+    validation: list[dict[str, Any]],
+    manifest: dict[str, Any],
+    jsonl: bool,
+    staging: Path | None = None,
+) -> tuple[dict[str, Any], Path]:
+    """`stage` for tables that arrive in pieces (e.g. the batches of shard publications merged into one):
+    {file name: (schema, pieces)}, each file written a piece at a time."""
     staging = staging if staging is not None else open_publication(out_dir)
     files: dict[str, dict[str, Any]] = {}
-    for name, table in tables.items():
-        files.update(_write_table([table], table.schema, staging / name, jsonl))
+    for name, (schema, pieces) in streams.items():
+        files.update(_write_table(pieces, schema, staging / name, jsonl))
     return _seal(staging, files, validation, manifest)
 
 

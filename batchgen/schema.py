@@ -69,7 +69,7 @@ def frame_input_codec(items: Any, columns: list[str], more: list[dict[str, Any] 
         names.extend(name for name in row if name not in names)
 
     def values(name: str) -> list[Any]:
-        own = items[name].tolist() if len(items) and name in items.columns else [None] * (len(items) if names else 0)
+        own = items[name].tolist() if len(items) and name in items.columns else [None] * len(items)
         return own + [row.get(name) for row in present]
 
     return _codec(names, values)

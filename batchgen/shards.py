@@ -4,7 +4,9 @@ An item's shard depends only on its id (or, for a row rejected before it has one
 rejection's key), so a rerun, a retry or another machine puts it in the same shard.
 Each shard is an ordinary batch-generation run publishing into `<out>/shards/<i>-of-<n>/`;
 the merge reads their current publications and publishes one dataset, with one manifest,
-into `<out>/`, after checking that every input item is there exactly once. With
+into `<out>/`, after checking that every input item is there exactly once. It reads the
+item ids first, then copies each table a batch of rows at a time, so its memory does not
+grow with the number of items. With
 `output.publish_to`, shards publish to `<publish_to>/shards/<i>-of-<n>/` instead (batchgen.remote)
 and the merge reads them from there, so `<out>/shards/` need not be shared.
 """
@@ -13,9 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timezone
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +29,15 @@ import pyarrow.parquet as pq
 
 from batchgen.assemble import LostItemsError
 from batchgen.items import LoadedItems
-from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, VALIDATION, current_publication, stage_tables, \
-    verify_publication
+from batchgen.manifest import add_tallies
+from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, VALIDATION, current_publication, stage_streams, \
+    unified_schema, verify_publication
 
 SHARDS = "shards"
 SUMMED = ("items", "accepted", "rejected", "generated_items", "truncated_first_pass", "truncated_final", "attempts",
           "retry_attempts", "reused")
+TABLES = (RESULTS, REJECTED, ATTEMPTS)
+BATCH_ROWS = 8192  # rows per piece copied from a shard's table into the merged one
 
 
 def shard_of(key: str, count: int) -> int:
@@ -54,28 +62,45 @@ def expected_ids(loaded: LoadedItems) -> list[str]:
     return list(loaded.items["item_id"]) + [r.item_id for r in loaded.rejected]
 
 
-def _concat(tables: list[pa.Table]) -> pa.Table:
-    return pa.concat_tables(tables, promote_options="permissive")
-
-
 def shard_url(url: str, index: int, count: int) -> str:
     """Where a shard publishes when the job has `output.publish_to`: `<url>/shards/<i>-of-<n>`."""
     return f"{url.rstrip('/')}/{SHARDS}/{index + 1}-of-{count}"
 
 
-def _read_shard(source: Path | str, remote: bool) -> tuple[dict[str, Any], dict[str, pa.Table], list[dict[str, Any]]]:
-    """A shard's current publication, verified: its manifest, tables and validation results."""
-    names = (RESULTS, REJECTED, ATTEMPTS)
-    if remote:  # `<url>/current.json` and the files it points at (batchgen.remote)
+def _read_shard(source: Path | str, spill: Path | None) -> tuple[dict[str, Any], dict[str, Path], list[dict[str, Any]]]:
+    """A shard's current publication, verified: its manifest, the paths of its tables, its validation results.
+
+    A remote shard (`spill` given; `<url>/current.json` and the files it points at, batchgen.remote) is
+    written to `spill`, so that only one shard's files are in memory at a time.
+    """
+    if spill is not None:
         from batchgen.remote import read_current_files
 
         manifest, files = read_current_files(str(source))
-        tables = {name: pq.read_table(pa.BufferReader(files[name])) for name in names}
-        return manifest, tables, json.loads(files[VALIDATION])
+        spill.mkdir(parents=True)
+        for name in TABLES:
+            (spill / name).write_bytes(files[name])
+        return manifest, {name: spill / name for name in TABLES}, json.loads(files[VALIDATION])
     publication = current_publication(Path(source))
     manifest = verify_publication(publication)
-    tables = {name: pq.read_table(publication / name) for name in names}
-    return manifest, tables, json.loads((publication / VALIDATION).read_text(encoding="utf-8"))
+    return (manifest, {name: publication / name for name in TABLES},
+            json.loads((publication / VALIDATION).read_text(encoding="utf-8")))
+
+
+def _pieces(paths: list[Path]) -> Iterator[pa.Table]:
+    """The rows of the tables at `paths`, in order, a batch at a time."""
+    for path in paths:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS):
+            yield pa.Table.from_batches([batch])
+
+
+def _merged_counts(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    """The shards' counts summed (`add_tallies`), with rates over the whole."""
+    counts = reduce(add_tallies, ({**{key: m["counts"].get(key, 0) for key in SUMMED},
+                                   "rejected_by_reason": m["counts"].get("rejected_by_reason", {})}
+                                  for m in manifests), None)
+    counts["rejected_by_reason"] = dict(sorted(counts["rejected_by_reason"].items()))
+    return counts
 
 
 def merge_shards(out_dir: str | Path, shard_dirs: list[Path], ids: list[str], manifest: dict[str, Any],
@@ -84,12 +109,20 @@ def merge_shards(out_dir: str | Path, shard_dirs: list[Path], ids: list[str], ma
 
     With `shard_urls` the shards are read from there (each `<url>/current.json`) instead of `shard_dirs`.
     """
-    sources = [_read_shard(url, True) for url in shard_urls] if shard_urls else \
-        [_read_shard(d, False) for d in shard_dirs]
+    with tempfile.TemporaryDirectory(prefix="batchgen-merge-") as spill:
+        if shard_urls:
+            sources = [_read_shard(url, Path(spill) / str(i)) for i, url in enumerate(shard_urls)]
+        else:
+            sources = [_read_shard(d, None) for d in shard_dirs]
+        return _merge(Path(out_dir), sources, ids, manifest, jsonl)
+
+
+def _merge(out_dir: Path, sources: list[tuple[dict[str, Any], dict[str, Path], list[dict[str, Any]]]],
+           ids: list[str], manifest: dict[str, Any], jsonl: bool) -> tuple[dict[str, Any], Path]:
     manifests = [source[0] for source in sources]
-    tables = {name: _concat([source[1][name] for source in sources]) for name in (RESULTS, REJECTED, ATTEMPTS)}
-    published = tables[RESULTS].column("item_id").to_pylist() + tables[REJECTED].column("item_id").to_pylist()
-    twice = sorted(k for k, n in Counter(published).items() if n > 1)
+    published = Counter(item_id for _, paths, _ in sources for name in (RESULTS, REJECTED)
+                        for item_id in pq.read_table(paths[name], columns=["item_id"]).column("item_id").to_pylist())
+    twice = sorted(k for k, n in published.items() if n > 1)
     missing = sorted(set(ids) - set(published))
     extra = sorted(set(published) - set(ids))
     if twice or missing or extra:
@@ -101,11 +134,7 @@ def merge_shards(out_dir: str | Path, shard_dirs: list[Path], ids: list[str], ma
             meta = {**(result.get("meta") or {}), "batchgen_shard": f"{index + 1}-of-{len(sources)}"}
             validation.append({**result, "meta": meta})
     first = manifests[0]
-    counts: dict[str, Any] = {key: sum(m["counts"].get(key, 0) for m in manifests) for key in SUMMED}
-    reasons = Counter()
-    for m in manifests:
-        reasons.update(m["counts"].get("rejected_by_reason", {}))
-    counts["rejected_by_reason"] = dict(sorted(reasons.items()))
+    counts = _merged_counts(manifests)
     generated = counts["generated_items"]
     tokens = {key: sum((m["tokens"].get(key) or 0) for m in manifests) for key in ("prompt", "output",
                                                                                      "generated_this_run")}
@@ -129,4 +158,8 @@ def merge_shards(out_dir: str | Path, shard_dirs: list[Path], ids: list[str], ma
             for i, m in enumerate(manifests)
         ],
     }
-    return stage_tables(out_dir, tables, validation, merged, jsonl)
+    streams = {}
+    for name in TABLES:
+        paths = [paths[name] for _, paths, _ in sources]
+        streams[name] = (unified_schema([pq.read_schema(path) for path in paths]), _pieces(paths))
+    return stage_streams(out_dir, streams, validation, merged, jsonl)

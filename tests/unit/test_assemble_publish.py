@@ -350,3 +350,23 @@ def test_store_commit_leaves_no_temporary_files(tmp_path):
     store = ResultStore(tmp_path / "store")
     store.commit(generated("p1", ["a"]))
     assert [p.name for p in (tmp_path / "store").iterdir() if p.name.startswith(".")] == []
+
+
+def test_check_published_once_refuses_a_staging_that_lost_or_doubled_an_item(tmp_path):
+    import pyarrow as pa
+
+    from tasks.publish import check_published_once
+
+    def staging(name: str, results: list[str], rejected: list[str]) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        pq.write_table(pa.table({"item_id": pa.array(results, pa.string()), "text": ["x"] * len(results)}),
+                       folder / "results.parquet")
+        pq.write_table(pa.table({"item_id": pa.array(rejected, pa.string())}), folder / "rejected.parquet")
+        return folder
+
+    check_published_once(staging("good", ["a", "b"], ["c"]), 3)
+    with pytest.raises(LostItemsError, match="2 published rows, 2 distinct items, 3 expected"):
+        check_published_once(staging("lost", ["a", "b"], []), 3)
+    with pytest.raises(LostItemsError, match="3 published rows, 2 distinct items, 3 expected"):
+        check_published_once(staging("twice", ["a", "b"], ["a"]), 3)  # a window accepted it, another rejected it

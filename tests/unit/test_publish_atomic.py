@@ -137,19 +137,28 @@ while True:
 """
 
 
+def _staging_in_progress(out: Path) -> bool:
+    """A publication folder exists that the history does not list yet: one is being written."""
+    committed = json.loads((out / ".batchgen" / "publications.json").read_text())
+    return any(p.name not in committed for p in (out / "publications").iterdir())
+
+
 def test_sigkill_while_publishing_never_leaves_a_mixed_or_partial_set(tmp_path):
     out = tmp_path / "out"
     publish_version(out, 0, 100)
     version, mid_publication = 0, 0
-    for delay in (0.05, 0.2, 0.45, 0.7):
+    # Each kill lands at a different point: as soon as a staging folder appears, or a little after.
+    for delay in (0.0, 0.02, 0.1, 0.3):
         process = subprocess.Popen([sys.executable, "-c", PUBLISHER, str(out), str(version)], cwd=ROOT,
                                    stdout=subprocess.PIPE, text=True)
-        assert process.stdout.readline().strip()  # one publication committed; now kill it at some point after
+        assert process.stdout.readline().strip()  # one publication committed; now kill it while it writes another
+        deadline = time.monotonic() + 30
+        while not _staging_in_progress(out) and time.monotonic() < deadline:
+            time.sleep(0.001)
         time.sleep(delay)
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
-        committed = json.loads((out / ".batchgen" / "publications.json").read_text())
-        mid_publication += any(p.name not in committed for p in (out / "publications").iterdir())
+        mid_publication += _staging_in_progress(out)
         version, rows = read_current(out)  # verifies every hash: complete, and from one run only
         assert rows == 8000 + 500 * (version % 7)
     assert mid_publication >= 1  # at least one kill landed while a publication was being written

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -83,3 +84,35 @@ def test_merge_publishes_every_item_once_or_refuses(tmp_path):
     _publish_shard(out, 1, 2, ["d", "a"], [])  # a shard that also published another shard's item
     with pytest.raises(LostItemsError, match="1 published twice"):
         merge_shards(out, dirs, ["a", "b", "c", "d"], {}, jsonl=False)
+
+
+def test_merge_copies_tables_in_batches_with_the_same_rows(tmp_path, monkeypatch):
+    import batchgen.shards as shards
+
+    out = tmp_path / "out"
+    first, second = [f"a{i}" for i in range(9)], [f"b{i}" for i in range(5)]
+    _publish_shard(out, 0, 2, first, ["ra"])
+    _publish_shard(out, 1, 2, second, ["rb1", "rb2"])
+    dirs = [shard_dir(out, i, 2) for i in range(2)]
+    pieces: list[int] = []
+    real = shards._pieces
+
+    def counted(paths):
+        for piece in real(paths):
+            pieces.append(piece.num_rows)
+            yield piece
+
+    monkeypatch.setattr(shards, "BATCH_ROWS", 4)
+    monkeypatch.setattr(shards, "_pieces", counted)
+    _, staging = merge_shards(out, dirs, first + second + ["ra", "rb1", "rb2"], {"job": "merged"}, jsonl=True)
+    commit(out, staging)
+    manifest = verify_publication(current_publication(out))
+    assert max(pieces) == 4  # no piece larger than a batch
+    results = pd.read_parquet(current_publication(out) / "results.parquet")
+    assert list(results["item_id"]) == first + second  # shard order, each shard's order
+    expected = pd.concat([pd.read_parquet(d / "current" / "results.parquet") for d in dirs], ignore_index=True)
+    pd.testing.assert_frame_equal(results, expected)
+    assert manifest["counts"]["items"] == 17 and manifest["counts"]["rejected"] == 3
+    assert manifest["counts"]["rejected_by_reason"] == {"keyword": 3}
+    lines = (current_publication(out) / "rejected.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["item_id"] for line in lines) == ["ra", "rb1", "rb2"]
