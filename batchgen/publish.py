@@ -44,6 +44,7 @@ CURRENT = "current"
 PUBLICATIONS = "publications"
 HISTORY = Path(".batchgen") / "publications.json"
 PARTS = ".parts"  # windows' pieces of the tables while a publication is staged
+ROW_GROUP_ROWS = 8192  # readers (the shard merge, the report, a dataset scan) decode a row group at a time
 
 
 class PublishError(RuntimeError):
@@ -183,7 +184,7 @@ def _write_table(tables: Iterable[pa.Table], schema: pa.Schema, path: Path, json
                 (open(tmp_mirror, "w", encoding="utf-8") if jsonl else contextlib.nullcontext()) as lines:
             for table in tables:
                 table = table.select(schema.names).cast(schema) if table.schema != schema else table
-                writer.write_table(table)
+                writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
                 rows += table.num_rows
                 if lines is not None:
                     lines.write(_jsonl(table))

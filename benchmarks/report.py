@@ -157,6 +157,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines += render_memory(memory)
     if result.get("memory_parts"):
         lines += render_memory_parts(result["memory_parts"])
+    if result.get("memory_merge"):
+        lines += render_memory_merge(result["memory_merge"])
 
     serial, hf = result["serial_loop"], result["hf_static"]
     lines += [
@@ -238,6 +240,35 @@ def render_memory_parts(parts: dict[str, Any]) -> list[str]:
         lines += ["", f"Peak grows by **{parts['slope_kb_per_item']:.2f} KB per item** from "
                       f"{int(sizes[0]):,} to {int(sizes[-1]):,} items: the run goes window by window "
                       f"(window_size {parts['sizes'][sizes[-1]]['window_size']:,})."]
+    lines.append("")
+    return lines
+
+
+def render_memory_merge(merge: dict[str, Any]) -> list[str]:
+    """benchmarks/memory_merge.py: peak RSS of the shard merge, batched copy against whole tables."""
+    lines = [
+        "## Memory of the shard merge against items",
+        "",
+        f"`{merge['command']}` ({merge['finished_at']}): {merge['shards']} shard publications written with "
+        "batchgen's publishing, merged in a fresh process by `merge_shards` (item ids first, then each table "
+        "8,192 rows at a time) and, for comparison, by reading each shard table whole and concatenating (the "
+        "merge before). RSS in MB.",
+        "",
+        "| method | items | before the merge | peak | peak above before |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in merge["runs"]:
+        lines.append(f"| {r['method']} | {r['items']:,} | {_mb(r['rss_before_mb'])} | {_mb(r['peak_rss_mb'])} "
+                     f"| {_mb(r['peak_above_before_mb'])} |")
+    slopes = merge.get("slope_kb_per_item") or {}
+    if slopes:
+        lines += ["", "Peak growth in KB per item, from one size to the next (below 8,192 rows a shard's row "
+                      "groups, which the merge decodes one at a time, grow with it):", "",
+                  "| sizes | " + " | ".join(METHOD for METHOD in next(iter(slopes.values()))) + " |",
+                  "| --- |" + " ---: |" * len(next(iter(slopes.values())))]
+        for step, by_method in slopes.items():
+            low, high = (int(x) for x in step.split("-"))
+            lines.append(f"| {low:,} to {high:,} | " + " | ".join(f"{v:.2f}" for v in by_method.values()) + " |")
     lines.append("")
     return lines
 

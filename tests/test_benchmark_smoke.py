@@ -45,3 +45,28 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     table = (out / "latest.md").read_text(encoding="utf-8")
     assert "| method |" in table and "raw vLLM" in table and "ratio_flow_vs_raw" in table
     assert (out / "latest.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_merge_memory_benchmark_adds_its_table(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "latest.json").write_bytes((ROOT / "benchmarks" / "results" / "latest.json").read_bytes())
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.memory_merge", "40", "120", "--add-to", str(results)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    merge = json.loads((results / "latest.json").read_text(encoding="utf-8"))["memory_merge"]
+    assert [(r["method"], r["items"]) for r in merge["runs"]] == [
+        ("batchgen", 40), ("whole", 40), ("batchgen", 120), ("whole", 120)]
+    assert all(r["peak_rss_mb"] >= r["rss_before_mb"] > 0 for r in merge["runs"])
+    assert set(merge["slope_kb_per_item"]["40-120"]) == {"batchgen", "whole"}
+    assert "| batchgen | 120 |" in (results / "latest.md").read_text(encoding="utf-8")
+
+
+def test_flow_memory_benchmark_runs_the_flow_with_the_engine_stood_in(tmp_path):
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.memory_parts", "12"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert figures["items"] == 12 and figures["accepted"] + figures["rejected"] == 12
+    assert figures["engine_calls"] >= 1 and figures["peak_rss_mb"] >= figures["rss_after_warm_up_mb"] > 0

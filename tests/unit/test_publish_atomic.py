@@ -207,3 +207,19 @@ def test_windows_staged_as_parts_join_into_one_file_per_table(tmp_path):
     assert [json.loads(line)["item_id"] for line in lines] == ["a", "b", "c", "d"]
     assert not (staged / PARTS).exists()
     verify_publication(staged)
+
+
+def test_published_tables_are_written_in_bounded_row_groups(tmp_path):
+    """Readers (the shard merge, the report, a dataset scan) decode one row group at a time: keep them bounded."""
+    import pyarrow as pa
+
+    from batchgen.publish import ROW_GROUP_ROWS, commit, stage_tables
+
+    rows = 2 * ROW_GROUP_ROWS + 5
+    table = pa.table({"item_id": [f"i{j}" for j in range(rows)], "text": ["x" * 40] * rows})
+    out = tmp_path / "out"
+    _, staging = stage_tables(out, {"results.parquet": table}, [], {"counts": {}}, jsonl=False)
+    published = pq.ParquetFile(commit(out, staging) / "results.parquet")
+    sizes = [published.metadata.row_group(i).num_rows for i in range(published.metadata.num_row_groups)]
+    assert sizes == [ROW_GROUP_ROWS, ROW_GROUP_ROWS, 5]
+    assert published.read().equals(table)
