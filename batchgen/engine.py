@@ -7,6 +7,7 @@ Code imports `vllm` only. On GPU machines that is the `vllm` package, on CPU mac
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -89,6 +90,24 @@ def engine_args(spec: EngineSpec, model: ModelRef, cpu: bool) -> dict[str, Any]:
     return args
 
 
+ENGINE_PROCESSES_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def engine_in_process(spec: EngineSpec, cpu: bool, environ: dict[str, str] | None = None) -> bool:
+    """Whether vLLM's engine core and model worker run in this process rather than in processes of their own.
+
+    The job's `engine.multiprocessing` decides; else a VLLM_ENABLE_V1_MULTIPROCESSING the user set; else
+    in-process on CPU builds without parallelism. There the engine processes compete with each other
+    for the cores: on 2 cores one process started in 16 s instead of 60 and generated 1.6x faster.
+    """
+    environ = os.environ if environ is None else environ
+    if spec.multiprocessing is not None:
+        return not spec.multiprocessing
+    if ENGINE_PROCESSES_ENV in environ:
+        return environ[ENGINE_PROCESSES_ENV].strip() == "0"
+    return cpu and spec.tensor_parallel_size == 1 and spec.pipeline_parallel_size == 1
+
+
 def _key(spec: EngineSpec) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in spec.model_dump().items()))
 
@@ -103,8 +122,13 @@ def get_engine(spec: EngineSpec) -> Engine:
         from vllm import LLM
 
         model = resolve_model(spec.model)
-        args = engine_args(spec, model, on_cpu())
-        log.info("loading %s with %s", model.name, {k: v for k, v in args.items() if k not in ("model", "tokenizer")})
+        cpu = on_cpu()
+        args = engine_args(spec, model, cpu)
+        in_process = engine_in_process(spec, cpu)
+        # vLLM reads this when the engine starts (and caches its settings after the first engine of a process).
+        os.environ[ENGINE_PROCESSES_ENV] = "0" if in_process else "1"
+        log.info("loading %s %s with %s", model.name, "in this process" if in_process else "in engine processes",
+                 {k: v for k, v in args.items() if k not in ("model", "tokenizer")})
         started = time.perf_counter()
         global LOADS
         LOADS += 1

@@ -98,6 +98,13 @@ class EngineSpec(_Section):
         description="Skip graph capture. Default: on for CPU builds (3x faster start, same speed), off on GPUs.",
     )
     seed: int = Field(0, description="Engine seed (vLLM seeds the engine, not each request).")
+    multiprocessing: bool | None = Field(
+        None,
+        description="Run vLLM's engine core and model worker in processes of their own "
+        "(VLLM_ENABLE_V1_MULTIPROCESSING). Default: vLLM's (on) on GPUs and with tensor or pipeline "
+        "parallelism; off on CPU builds, where one process started 4x faster and generated 1.6x faster "
+        "on 2 cores. The first engine of a process decides for the process.",
+    )
     max_num_seqs: int | None = Field(None, ge=1, description="Sequences batched at once; vLLM's default when absent.")
     extra_args: dict[str, Any] = Field(
         default_factory=dict, description="Any other vllm.LLM keyword argument, passed through unchanged."

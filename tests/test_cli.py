@@ -99,22 +99,32 @@ def test_check_lists_exactly_the_rows_that_would_be_rejected(tmp_path):
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("way", ["batchgen run", "python -m flows.batch_generation"])
-def test_job_runs_from_the_command_line(way, tmp_path):
+def test_job_runs_from_the_command_line_both_ways(tmp_path):
+    """`batchgen run`, then `python -m flows.batch_generation` on the same job: the second reuses every result."""
     job = product_job(tmp_path, 6, retry={"max_passes": 1})
     path = write_job(tmp_path, job)
-    if way == "batchgen run":
-        result = run_cli(["run", str(path), "--limit", "4", "--set", "sampling.max_tokens=24"], tmp_path)
-    else:
-        result = run_cli([str(path), "--limit", "4", "--set", "sampling.max_tokens=24"], tmp_path,
-                         module="flows.batch_generation")
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads(result.stdout)
-    manifest = json.loads((tmp_path / "out" / "current" / "manifest.json").read_text())
-    assert summary["counts"] == manifest["counts"]
-    assert manifest["counts"]["items"] == 4  # --limit
-    assert manifest["sampling"]["max_tokens"] == 24  # --set
-    assert manifest["flow_name"] == "batch-generation"
+    manifests = []
+    for way in ("batchgen run", "python -m flows.batch_generation"):
+        if way == "batchgen run":
+            result = run_cli(["run", str(path), "--limit", "4", "--set", "sampling.max_tokens=24"], tmp_path)
+        else:
+            result = run_cli([str(path), "--limit", "4", "--set", "sampling.max_tokens=24"], tmp_path,
+                             module="flows.batch_generation")
+        assert result.returncode == 0, f"{way}: {result.stderr[-3000:]}"
+        summary = json.loads(result.stdout)
+        manifest = json.loads((tmp_path / "out" / "current" / "manifest.json").read_text())
+        assert summary["counts"] == manifest["counts"], way
+        assert manifest["counts"]["items"] == 4, way  # --limit
+        assert manifest["sampling"]["max_tokens"] == 24, way  # --set
+        assert manifest["flow_name"] == "batch-generation", way
+        manifests.append(manifest)
+    first, second = manifests
+    assert first["tokens"]["generated_this_run"] > 0 and first["counts"]["reused"] == 0
+    assert second["flow_run_id"] != first["flow_run_id"]
+    assert second["tokens"]["generated_this_run"] == 0  # same job, same output: nothing generated again
+    assert second["counts"]["reused"] == first["counts"]["attempts"]
+    assert {k: v for k, v in second["counts"].items() if k != "reused"} == \
+        {k: v for k, v in first["counts"].items() if k != "reused"}
 
 
 def test_keyword_column_missing_from_the_input_is_a_job_error(tmp_path):
