@@ -154,13 +154,9 @@ def main(argv: list[str]) -> int:
     result["finished_at"] = datetime.now(timezone.utc).isoformat()
     print(json.dumps({"slope_kb_per_item": result.get("slope_kb_per_item")}), flush=True)
     if add_to is not None:
-        from benchmarks.report import render_markdown
+        from benchmarks.report import add_section
 
-        latest = add_to / "latest.json"
-        full = json.loads(latest.read_text(encoding="utf-8"))
-        full["memory_merge"] = result
-        latest.write_text(json.dumps(full, indent=2, default=str) + "\n", encoding="utf-8")
-        (add_to / "latest.md").write_text(render_markdown(full), encoding="utf-8")
+        add_section(add_to, "memory_merge", result)
     return 0
 
 

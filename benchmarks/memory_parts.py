@@ -99,13 +99,9 @@ def main(argv: list[str]) -> int:
         result["slope_kb_per_item"] = round(1024 * rise / (high - low), 2)
     result["finished_at"] = datetime.now(timezone.utc).isoformat()
     if add_to is not None:
-        from benchmarks.report import render_markdown
+        from benchmarks.report import add_section
 
-        latest = add_to / "latest.json"
-        full = json.loads(latest.read_text(encoding="utf-8"))
-        full["memory_parts"] = result
-        latest.write_text(json.dumps(full, indent=2, default=str) + "\n", encoding="utf-8")
-        (add_to / "latest.md").write_text(render_markdown(full), encoding="utf-8")
+        add_section(add_to, "memory_parts", result)
     return 0
 
 

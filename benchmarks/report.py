@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,15 @@ def render_memory_parts(parts: dict[str, Any]) -> list[str]:
                       f"(window_size {parts['sizes'][sizes[-1]]['window_size']:,})."]
     lines.append("")
     return lines
+
+
+def add_section(results_dir: Path, key: str, section: dict[str, Any]) -> None:
+    """Add a helper's figures (e.g. memory_parts) to results_dir/latest.json under `key`, and render latest.md."""
+    latest = results_dir / "latest.json"
+    full = json.loads(latest.read_text(encoding="utf-8"))
+    full[key] = section
+    latest.write_text(json.dumps(full, indent=2, default=str) + "\n", encoding="utf-8")
+    (results_dir / "latest.md").write_text(render_markdown(full), encoding="utf-8")
 
 
 def render_memory_merge(merge: dict[str, Any]) -> list[str]:
