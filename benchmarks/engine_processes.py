@@ -59,6 +59,10 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.measure:
         print(json.dumps(measure(args.prompts, args.max_tokens)), flush=True)
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):  # vLLM's engine processes, if any
+            child.kill()
         os._exit(0)  # leave at once: engine shutdown is not what is measured
     runs = []
     for round_ in range(args.rounds):
