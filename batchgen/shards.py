@@ -30,14 +30,14 @@ import pyarrow.parquet as pq
 from batchgen.assemble import LostItemsError
 from batchgen.items import LoadedItems
 from batchgen.manifest import add_tallies
-from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, VALIDATION, current_publication, stage_streams, \
-    unified_schema, verify_publication
+from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, ROW_GROUP_ROWS, VALIDATION, current_publication, \
+    stage_streams, unified_schema, verify_publication
 
 SHARDS = "shards"
 SUMMED = ("items", "accepted", "rejected", "generated_items", "truncated_first_pass", "truncated_final", "attempts",
           "retry_attempts", "reused")
 TABLES = (RESULTS, REJECTED, ATTEMPTS)
-BATCH_ROWS = 8192  # rows per piece copied from a shard's table into the merged one
+BATCH_ROWS = ROW_GROUP_ROWS  # rows per piece copied from a shard's table: a row group of a publication
 
 
 def shard_of(key: str, count: int) -> int:
@@ -95,7 +95,7 @@ def _pieces(paths: list[Path]) -> Iterator[pa.Table]:
 
 
 def _merged_counts(manifests: list[dict[str, Any]]) -> dict[str, Any]:
-    """The shards' counts summed (`add_tallies`), with rates over the whole."""
+    """The shards' counts summed (`add_tallies`); a count a shard's manifest lacks counts 0."""
     counts = reduce(add_tallies, ({**{key: m["counts"].get(key, 0) for key in SUMMED},
                                    "rejected_by_reason": m["counts"].get("rejected_by_reason", {})}
                                   for m in manifests), None)
@@ -160,6 +160,6 @@ def _merge(out_dir: Path, sources: list[tuple[dict[str, Any], dict[str, Path], l
     }
     streams = {}
     for name in TABLES:
-        paths = [paths[name] for _, paths, _ in sources]
-        streams[name] = (unified_schema([pq.read_schema(path) for path in paths]), _pieces(paths))
+        parts = [paths[name] for _, paths, _ in sources]
+        streams[name] = (unified_schema([pq.read_schema(path) for path in parts]), _pieces(parts))
     return stage_streams(out_dir, streams, validation, merged, jsonl)
