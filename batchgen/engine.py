@@ -10,11 +10,12 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from batchgen.job import EngineSpec
 from batchgen.models import ModelRef, model_max_len, resolve_model
+from batchgen.stream import EngineStream
 
 log = logging.getLogger("batchgen.engine")
 
@@ -40,6 +41,16 @@ class Engine:
     args: dict[str, Any]
     max_model_len: int
     load_seconds: float
+    _stream: EngineStream | None = field(default=None, repr=False)
+    _stream_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def stream(self) -> EngineStream:
+        """The one stream that feeds this engine; every task of the process submits to it."""
+        with self._stream_lock:
+            if self._stream is None or not self._stream.alive:
+                self._stream = EngineStream(self.llm.llm_engine)
+            return self._stream
 
 
 def on_cpu() -> bool:
@@ -142,11 +153,15 @@ def get_engine(spec: EngineSpec) -> Engine:
         return engine
 
 
-def discard_engine(spec: EngineSpec) -> None:
-    """Forget a (possibly dead) engine so that the next get_engine builds a fresh one."""
+def discard_engine(spec: EngineSpec, engine: Engine | None = None) -> None:
+    """Forget a (possibly dead) engine so that the next get_engine builds a fresh one; with `engine`, only
+    that one (a task that failed on an old engine leaves the fresh one another task built alone)."""
     with _LOCK:
-        engine = _ENGINES.pop(_key(spec), None)
-    _shutdown(engine)
+        current = _ENGINES.get(_key(spec))
+        if current is None or (engine is not None and current is not engine):
+            return
+        del _ENGINES[_key(spec)]
+    _shutdown(current)
 
 
 def shutdown_all() -> None:
@@ -161,6 +176,8 @@ def shutdown_all() -> None:
 def _shutdown(engine: Engine | None) -> None:
     if engine is None:
         return
+    if engine._stream is not None:
+        engine._stream.close()
     try:
         engine.llm.llm_engine.engine_core.shutdown()
     except Exception:  # a dead engine may fail to shut down; it is being dropped anyway

@@ -9,7 +9,11 @@ from __future__ import annotations
 import batchgen  # noqa: F401  (first: sets process defaults before Prefect reads its settings)
 
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import copy_context
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -83,42 +87,72 @@ def batch_generation(
         overrides: More job settings as key=value, e.g. sampling.temperature=0.2 or input.path=data/x.csv.
     """
     started_at = datetime.now(timezone.utc)
-    timings: dict[str, float] = {"load_and_prompts": 0.0, "generate": 0.0, "engine_calls": 0.0,
-                                 "validate_and_stage": 0.0}
-    clock = time.perf_counter()
+    run = RunTotals()
     spec = resolve_job(job, limit, max_tokens, output_dir, overrides)
     for note in spec.sampling.notes():
         print(f"sampling: {note}")
 
-    loaded = load_items_task(spec)
-    keywords = (loaded.items.set_index("item_id")[spec.expectations.keyword_column].astype("string")
-                if spec.expectations.keyword_column else None)
-    # One staged publication for the whole run; each window adds its rows to it and is then let go.
-    staging = open_publication(Path(spec.output.dir))
-    codec = frame_input_codec(loaded.items, loaded.columns, [r.input for r in loaded.rejected])
-    timings["load_and_prompts"] += time.perf_counter() - clock
+    with run.clock("load_and_prompts"):
+        loaded = load_items_task(spec)
+        keywords = (loaded.items.set_index("item_id")[spec.expectations.keyword_column].astype("string")
+                    if spec.expectations.keyword_column else None)
+        # One staged publication for the whole run; each window adds its rows to it and is then let go.
+        staging = open_publication(Path(spec.output.dir))
+        codec = frame_input_codec(loaded.items, loaded.columns, [r.input for r in loaded.rejected])
 
-    windows = item_windows(len(loaded.items), spec.window_size)
-    run = RunTotals()
-    for index, (start, stop) in enumerate(windows):
-        where = f"window {index + 1}/{len(windows)}, " if len(windows) > 1 else ""
-        items = loaded.items.iloc[start:stop]
-        run_window(spec, index, where, LoadedItems(items=items, rejected=[], columns=loaded.columns),
-                   loaded.rejected if index == 0 else [], keywords, staging, codec, run, timings)
+    in_flight = windows_in_flight(spec)
+    windows = item_windows(len(loaded.items), spec.window_size, ramp=in_flight > 1)
+    # While the engine generates one window, the next one's prompts are built and the last one's outputs
+    # validated and staged: the engine is fed from several windows at once and never waits for them.
+    with ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="batchgen-window") as pool:
+        futures = []
+        for index, (start, stop) in enumerate(windows):
+            label = f"w{index + 1}" if len(windows) > 1 else "all"
+            window = LoadedItems(items=loaded.items.iloc[start:stop], rejected=[], columns=loaded.columns)
+            futures.append(pool.submit(copy_context().run, run_window, spec, index, label, window,
+                                       loaded.rejected if index == 0 else [], keywords, staging, codec, run))
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
 
-    timings["total_before_publish"] = time.perf_counter() - clock
+    run.stop_clock()
     return publish_task(spec, staging, run.counted, quote([merge_results(results) for results in run.validation]),
-                        run.model, run.engine_args, run.reused, run.fresh_tokens, timings, started_at)
+                        run.model, run.engine_args, run.reused, run.fresh_tokens, run.timings(), started_at)
 
 
-def item_windows(count: int, size: int) -> list[tuple[int, int]]:
-    """[start, stop) ranges of at most `size` items; one empty window when there are no items (rejections only)."""
-    return [(start, min(start + size, count)) for start in range(0, count, size)] or [(0, 0)]
+def windows_in_flight(spec: JobSpec) -> int:
+    """The job's windows_in_flight, else 3 on GPUs and 1 on CPU builds (where the engine needs every core)."""
+    if spec.windows_in_flight is not None:
+        return spec.windows_in_flight
+    from batchgen.engine import on_cpu
+
+    return 1 if on_cpu() else 3
+
+
+RAMP = 256  # the first window's size when windows overlap: the engine gets its first requests early
+
+
+def item_windows(count: int, size: int, ramp: bool = False) -> list[tuple[int, int]]:
+    """[start, stop) ranges of at most `size` items; one empty window when there are no items (rejections only).
+
+    With `ramp`, the first windows grow from RAMP items, doubling up to `size`: the engine starts on the
+    first small window while the next ones are being built."""
+    bounds, start, width = [], 0, min(RAMP, size) if ramp else size
+    while start < count:
+        stop = min(start + width, count)
+        bounds.append((start, stop))
+        start, width = stop, min(width * 2, size)
+    return bounds or [(0, 0)]
 
 
 @dataclass
 class RunTotals:
-    """What the run keeps of its windows: counts and GX results, never their rows."""
+    """What the run keeps of its windows: counts, GX results and figures, never their rows. Windows report from
+    their own threads."""
 
     counted: dict[str, Any] | None = None
     validation: list[list[dict[str, Any]]] = field(default_factory=list)  # per pass, one result per window
@@ -126,54 +160,93 @@ class RunTotals:
     fresh_tokens: int = 0
     model: Any = None
     engine_args: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=lambda: {"load_and_prompts": 0.0, "validate_and_stage": 0.0})
+    started: float = field(default_factory=time.perf_counter)
+    before_publish: float | None = None
+    first_added: float | None = None
+    last_output: float | None = None
+    first_commit: float | None = None
+    engine_seconds: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, generated: Generated, timings: dict[str, float]) -> None:
-        self.reused += generated.reused
-        self.fresh_tokens += generated.fresh_output_tokens
-        timings["generate"] += generated.seconds
-        timings["engine_calls"] += generated.engine_seconds
+    @contextmanager
+    def clock(self, step: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.seconds[step] += time.perf_counter() - started
+
+    def add(self, generated: Generated) -> None:
+        with self.lock:
+            self.reused += generated.reused
+            self.fresh_tokens += generated.fresh_output_tokens
+            self.engine_seconds += generated.engine_seconds
+            self.engine_args = generated.engine_args
+            if generated.first_added_at is not None:
+                self.first_added = min(self.first_added or generated.first_added_at, generated.first_added_at)
+                self.last_output = max(self.last_output or generated.last_output_at, generated.last_output_at)
+            if generated.first_commit_at is not None:
+                self.first_commit = min(self.first_commit or generated.first_commit_at, generated.first_commit_at)
+
+    def add_window(self, counted: dict[str, Any], results: list[dict[str, Any]]) -> None:
+        with self.lock:
+            self.counted = add_tallies(self.counted, counted)
+            for number, result in enumerate(results):
+                if number == len(self.validation):
+                    self.validation.append([])
+                self.validation[number].append(result)
+
+    def stop_clock(self) -> None:
+        self.before_publish = time.perf_counter()
+
+    def timings(self) -> dict[str, float]:
+        """The manifest's timings_seconds. generate: from the first request entering the engine to the last
+        output; engine_calls: the tasks' time in the engine, summed, at most generate (windows overlap);
+        first_output: from the flow's start to the first committed output."""
+        span = (self.last_output - self.first_added) if self.first_added is not None else 0.0
+        timings = {**self.seconds, "generate": span, "engine_calls": min(self.engine_seconds, span),
+                   "total_before_publish": (self.before_publish or time.perf_counter()) - self.started}
+        if self.first_commit is not None:
+            timings["first_output"] = self.first_commit - self.started
+        return timings
 
 
-def run_window(spec: JobSpec, index: int, where: str, window: LoadedItems, load_rejections: list,
-               keywords: pd.Series | None, staging: Path, codec: Any, run: RunTotals,
-               timings: dict[str, float]) -> None:
+def run_window(spec: JobSpec, index: int, label: str, window: LoadedItems, load_rejections: list,
+               keywords: pd.Series | None, staging: Path, codec: Any, run: RunTotals) -> None:
     """Prompts, the first pass, validation and retry passes of one window of items, staged into the publication."""
-    clock = time.perf_counter()
-    prompts = build_prompts_task(spec, window)
-    run.model = prompts.model
-    timings["load_and_prompts"] += time.perf_counter() - clock
-
-    # quote(): Prefect would otherwise walk every request and token id to track task inputs (seconds per window).
-    requests = first_pass_requests(prompts.built.prompts, spec.sampling)
-    generated = generate_task(spec, quote(requests), f"{where}first pass")
-    clock = time.perf_counter()
-    validated = validate_task(spec, generated.rows, keywords, f"{where}first pass")
-    timings["validate_and_stage"] += time.perf_counter() - clock
+    with run.clock("load_and_prompts"):
+        prompts = build_prompts_task.with_options(task_run_name=f"build-prompts-{label}")(spec, window)
+        run.model = prompts.model
+        # quote(): Prefect would otherwise walk every request and token id to track task inputs (seconds per window).
+        requests = first_pass_requests(prompts.built.prompts, spec.sampling)
+    generated = generate_task(spec, quote(requests), label)
+    del requests
+    run.add(generated)
+    with run.clock("validate_and_stage"):
+        validated = validate_task.with_options(task_run_name=f"validate-{label}")(
+            spec, generated.rows, keywords, f"{label} first pass")
     attempts, results = validated.rows, [validated.result]
-    run.engine_args = generated.engine_args
-    run.add(generated, timings)
 
     for pass_number in range(1, spec.retry.max_passes + 1):
-        requests = plan_retry_task(spec, attempts, prompts.max_model_len, pass_number)
+        requests = plan_retry_task.with_options(task_run_name=f"plan-retry-{label}-{pass_number}")(
+            spec, attempts, prompts.max_model_len, pass_number)
         if not requests:
             break
-        retried = generate_task(spec, quote(requests), f"{where}retry {pass_number}")
-        clock = time.perf_counter()
-        checked = validate_task(spec, retried.rows, keywords, f"{where}retry {pass_number}")
-        attempts = pd.concat([attempts, checked.rows], ignore_index=True)
-        timings["validate_and_stage"] += time.perf_counter() - clock
+        retried = generate_task(spec, quote(requests), f"{label}-retry{pass_number}")
+        run.add(retried)
+        with run.clock("validate_and_stage"):
+            checked = validate_task.with_options(task_run_name=f"validate-{label}-retry{pass_number}")(
+                spec, retried.rows, keywords, f"{label} retry {pass_number}")
+            attempts = pd.concat([attempts, checked.rows], ignore_index=True)
         results.append(checked.result)
-        run.add(retried, timings)
 
-    clock = time.perf_counter()
-    counted = stage_window_task(spec, staging, index, window.items, window.columns,
-                                quote(load_rejections + prompts.built.rejected), attempts, codec)
-    timings["validate_and_stage"] += time.perf_counter() - clock
-    run.counted = add_tallies(run.counted, counted)
-    for number, result in enumerate(results):
-        if number == len(run.validation):
-            run.validation.append([])
-        run.validation[number].append(result)
+    with run.clock("validate_and_stage"):
+        counted = stage_window_task.with_options(task_run_name=f"stage-window-{label}")(
+            spec, staging, index, window.items, window.columns, quote(load_rejections + prompts.built.rejected),
+            attempts, codec)
+    run.add_window(counted, results)
 
 
 if __name__ == "__main__":  # vLLM starts its workers with spawn: this module must be importable

@@ -1,10 +1,8 @@
-"""The GPU (or CPU) generation step: holds the engine, commits every chunk."""
+"""The GPU (or CPU) generation step: feeds the process's engine stream, commits outputs as they finish."""
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -29,81 +27,99 @@ class Generated:
     reused: int  # requests answered from earlier commits
     fresh_output_tokens: int
     seconds: float  # the whole task, engine start included
-    engine_seconds: float  # inside engine calls only
+    engine_seconds: float  # from this task's first request entering the engine to its last output
     engine_args: dict
-
-
-@functools.cache
-def _devnull():
-    return open(os.devnull, "w")
-
-
-def live_progress(label: str, artifact_id, every: float = 2.0):
-    """A tqdm class for vLLM: a terminal bar (when there is a terminal) and the Prefect progress artifact."""
-    from tqdm import tqdm
-
-    def factory(done: int, total: int):
-        class Bar(tqdm):
-            def __init__(self, *args, **kwargs):
-                # Not disabled off a terminal (vLLM reads the bar's timings): it draws into the void.
-                kwargs.update(total=total, initial=done, desc=f"generate [{label}]", unit="req", leave=False,
-                              file=sys.stderr if sys.stderr.isatty() else _devnull(), mininterval=1.0)
-                super().__init__(*args, **kwargs)
-                self._sent = time.monotonic()
-
-            def update(self, n=1):  # vLLM passes the candidates of one finished request: count the request
-                super().update(1)
-                if time.monotonic() - self._sent >= every:
-                    self._sent = time.monotonic()
-                    update_progress_artifact(artifact_id, progress=100.0 * self.n / max(total, 1))
-
-        return Bar
-
-    return factory
+    first_added_at: float | None = None  # perf_counter: its first request entered the engine
+    last_output_at: float | None = None  # perf_counter: its last output came back
+    first_commit_at: float | None = None  # perf_counter: its first new rows were committed
 
 
 def store_for(job: JobSpec) -> ResultStore:
     return ResultStore(Path(job.output.dir) / ".batchgen" / "results")
 
 
+class Progress:
+    """The generate task's progress: the Prefect progress artifact, a log line at most every `every` seconds, and
+    a terminal bar when there is a terminal."""
+
+    def __init__(self, job: JobSpec, label: str, total: int, every: float = 30.0):
+        self.label, self.total, self.every = label, total, every
+        self.artifact = create_progress_artifact(progress=0.0, description=f"{job.name}: {label}, requests done (%)")
+        self.started = time.monotonic()
+        self.logged = self.started
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=f"generate [{label}]", unit="req", leave=False, mininterval=1.0)
+
+    def update(self, finished: int, fresh_tokens: int, engine_seconds: float, generated: int) -> None:
+        now = time.monotonic()
+        if self.bar is not None:
+            self.bar.update(finished - self.bar.n)
+        update_progress_artifact(self.artifact, progress=100.0 * finished / max(self.total, 1))
+        if now - self.logged >= self.every or finished == self.total:
+            self.logged = now
+            rate = fresh_tokens / engine_seconds if engine_seconds else 0.0
+            left = (self.total - finished) * engine_seconds / max(generated, 1)
+            print(f"generate [{self.label}]: {finished}/{self.total} requests, {rate:.0f} output tokens/s, "
+                  f"ETA {left:.0f} s")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        update_progress_artifact(self.artifact, progress=100.0)
+
+
 # The task works through a process-wide engine, not its inputs: caching by inputs would be
 # wrong, and reruns are made cheap by the result store instead. A retry (e.g. after an
-# engine worker died) builds a fresh engine and resumes from the last committed chunk.
-@task(name="generate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+# engine worker died) builds a fresh engine and resumes from the last commit.
+@task(name="generate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, task_run_name="generate-{label}")
 def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Generated:
-    """Generate every pending request with the process's engine; reuse committed results."""
+    """Feed every pending request into the engine's stream; commit outputs as they finish; reuse earlier commits."""
     started = time.perf_counter()
     store = store_for(job)
     model = resolve_model(job.engine.model)
     args = engine_args(job.engine, model, on_cpu())
     identity = json.dumps({k: v for k, v in args.items() if k not in ("tokenizer",)}, sort_keys=True, default=str)
-    total = len(requests)
-    progress_id = create_progress_artifact(progress=0.0, description=f"{job.name}: {label}, requests done (%)")
-    fresh_tokens, engine_seconds, generated = 0, 0.0, 0
+    progress = Progress(job, label, len(requests))
+    fresh_tokens, generated = 0, 0
+    first_commit_at: float | None = None
 
-    def on_chunk(new_rows: list[dict], finished: int, of: int) -> None:
-        nonlocal fresh_tokens, engine_seconds, generated
+    def on_commit(new_rows: list[dict], finished: int, of: int) -> None:
+        nonlocal fresh_tokens, generated, first_commit_at
         store.commit(new_rows)
         if new_rows:  # rates count engine time only: not the engine's start, not reused results
+            first_commit_at = first_commit_at or time.perf_counter()
             fresh_tokens += sum(r["new_output_tokens"] for r in new_rows)
-            engine_seconds += new_rows[0]["chunk_seconds"]
             generated += len({r["request_key"] for r in new_rows})
-        rate = fresh_tokens / engine_seconds if engine_seconds else 0.0
-        left = (of - finished) * engine_seconds / max(generated, 1)
-        update_progress_artifact(progress_id, progress=100.0 * finished / max(of, 1))
-        print(f"generate [{label}]: {finished}/{of} requests, {rate:.0f} output tokens/s, ETA {left:.0f} s")
+        progress.update(finished, fresh_tokens, time.perf_counter() - ready, generated)
+
+    used = []  # the engine this task ran on, if it needed one
+    ready = started  # when the engine was there: rates and ETAs leave its start out
+
+    def engine():
+        nonlocal ready
+        used.append(get_engine(job.engine))
+        ready = time.perf_counter()
+        return used[-1]
 
     try:
-        rows, reused = run_requests(lambda: get_engine(job.engine).llm, requests, job.sampling, identity,
-                                    job.chunk_size, done=store.load, on_chunk=on_chunk,  # this window's commits only
-                                    progress=live_progress(label, progress_id))
+        ran = run_requests(engine, requests, job.sampling, identity, job.chunk_size,
+                           job.commit_seconds, done=store.load,  # this window's commits only
+                           on_commit=on_commit)
     except Exception:
-        discard_engine(job.engine)  # the Prefect retry starts from a fresh engine
+        for dead in used:  # the Prefect retry starts from a fresh engine (another window's may already have)
+            discard_engine(job.engine, dead)
         raise
-    update_progress_artifact(progress_id, progress=100.0)
-    frame = pd.DataFrame(rows, columns=ATTEMPT_SCHEMA.names)
+    finally:
+        progress.close()
+    frame = pd.DataFrame(ran.rows, columns=ATTEMPT_SCHEMA.names)
     seconds = time.perf_counter() - started
-    print(f"generate [{label}]: {total} requests -> {len(frame)} outputs, {reused} reused, "
+    print(f"generate [{label}]: {len(requests)} requests -> {len(frame)} outputs, {ran.reused} reused, "
           f"{fresh_tokens} new output tokens in {seconds:.1f} s")
-    return Generated(rows=frame, reused=reused, fresh_output_tokens=fresh_tokens, seconds=seconds,
-                     engine_seconds=engine_seconds, engine_args=args)
+    engine_seconds = (ran.last_output_at - ran.first_added_at
+                      if ran.first_added_at is not None and ran.last_output_at is not None else 0.0)
+    return Generated(rows=frame, reused=ran.reused, fresh_output_tokens=fresh_tokens, seconds=seconds,
+                     engine_seconds=engine_seconds, engine_args=args, first_added_at=ran.first_added_at,
+                     last_output_at=ran.last_output_at, first_commit_at=first_commit_at)

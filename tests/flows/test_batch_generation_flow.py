@@ -13,6 +13,7 @@ import pytest
 
 from batchgen.job import job_from_dict
 from tests.conftest import product_job
+from tests.engines import stand_in_engine
 
 
 class StandInLLM:
@@ -41,8 +42,14 @@ class StandInLLM:
 @pytest.fixture
 def stand_in(monkeypatch):
     llm = StandInLLM()
-    monkeypatch.setattr("tasks.generate.get_engine", lambda spec: SimpleNamespace(llm=llm))
+    engine = stand_in_engine(llm)
+    monkeypatch.setattr("tasks.generate.get_engine", lambda spec: engine)
     return llm
+
+
+def commits(out) -> int:
+    """Files in the run's result store: one per commit of finished outputs."""
+    return len(list((out / ".batchgen" / "results").glob("chunk-*.parquet")))
 
 
 def test_flow_retries_cut_off_items_and_publishes_each_item_once(tmp_path, prefect_server, stand_in):
@@ -58,9 +65,10 @@ def test_flow_retries_cut_off_items_and_publishes_each_item_once(tmp_path, prefe
     assert counts["truncated_first_pass"] == 20  # 12 tokens: everything is cut off
     assert counts["truncated_final"] == 0  # 24 tokens on the retry pass: everything stops
     assert counts["accepted"] == 20 and counts["rejected"] == 0
-    assert stand_in.calls == [16, 4, 16, 4]  # chunk_size 16: two calls per pass, two passes
-
+    assert stand_in.calls == [20, 20]  # every request of a pass goes into the engine at once: one step each
     out = tmp_path / "out"
+    assert commits(out) == 4  # chunk_size 16: outputs committed 16 + 4 per pass, two passes
+
     results = pd.read_parquet(out / "current" / "results.parquet")
     assert sorted(results["item_id"]) == sorted(f"p{i:05d}" for i in range(1, 21))
     assert set(results["attempt"]) == {2} and set(results["max_tokens"]) == {24}
@@ -129,7 +137,8 @@ def test_rejections_from_every_stage_are_published_with_reasons(tmp_path, prefec
 
 
 class FailingTwice(StandInLLM):
-    """Dies on every chunk after the first, twice: the generate task and its own retry fail, so the flow fails."""
+    """Dies on every engine step after the first, twice: the generate task and its own retry fail, so the flow
+    fails."""
 
     def __init__(self):
         super().__init__()
@@ -150,14 +159,15 @@ def test_flow_retry_resumes_from_committed_chunks_and_publishes_once(tmp_path, p
     from flows.batch_generation import batch_generation
 
     llm = FailingTwice()
-    monkeypatch.setattr("tasks.generate.get_engine", lambda spec: SimpleNamespace(llm=llm))
+    engine = stand_in_engine(llm, per_step=16)  # an engine that finishes 16 requests a step
+    monkeypatch.setattr("tasks.generate.get_engine", lambda spec: engine)
     job = job_from_dict(product_job(tmp_path, 20, sampling={"max_tokens": 30}, expectations={"keyword_column": None},
                                     retry={"max_passes": 0}))
     assert batch_generation.retries == 1  # the flow's own default
     manifest = batch_generation.with_options(retry_delay_seconds=0)(job)
 
-    # attempt 1: chunk 1 (16) committed, chunk 2 fails; the task's retry fails again; the flow retry
-    # reuses the 16 committed results and generates only the last 4.
+    # attempt 1: the first step's 16 outputs are committed, the second step fails; the task's retry fails again;
+    # the flow retry reuses the 16 committed results and generates only the last 4.
     assert llm.calls == [16, -4, -4, 4]
     assert manifest["counts"]["reused"] == 16 and manifest["counts"]["accepted"] == 20
     out = tmp_path / "out"
@@ -193,7 +203,7 @@ def test_windows_publish_what_one_window_publishes(tmp_path, prefect_server, sta
     windowed, results, attempts, validation = run(6, "windowed")
 
     assert stand_in.calls == [6, 6, 6, 6, 6, 6, 2, 2]  # per window: the first pass, then its retry pass
-    assert calls_whole == [16, 4, 16, 4]
+    assert calls_whole == [20, 20]
     assert windowed["counts"] == {**whole["counts"], "reused": windowed["counts"]["reused"]}
     assert windowed["tokens"]["output"] == whole["tokens"]["output"]
     assert sorted(results["item_id"]) == sorted(whole_results["item_id"]) == [f"p{i:05d}" for i in range(1, 21)]
@@ -211,3 +221,50 @@ def test_windows_publish_what_one_window_publishes(tmp_path, prefect_server, sta
     current = tmp_path / "windowed" / "current"
     assert not (current / ".parts").exists()
     assert {"results.parquet", "rejected.parquet", "attempts.parquet", "results.jsonl"} <= set(windowed["files"])
+
+
+class SlowSteps(StandInLLM):
+    """An engine that needs 50 ms a step and finishes 4 requests a step; remembers the request ids of each step."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps: list[list[str]] = []
+
+
+def test_overlapping_windows_feed_one_engine_and_publish_each_item_once(tmp_path, prefect_server, monkeypatch):
+    import time
+
+    from flows.batch_generation import batch_generation
+
+    llm = SlowSteps()
+    engine = stand_in_engine(llm, per_step=4)
+    core_step = engine.llm.llm_engine.step
+
+    def step():
+        llm.steps.append([request_id for request_id, _, _ in engine.llm.llm_engine.pending[:4]])
+        time.sleep(0.05)
+        return core_step()
+
+    engine.llm.llm_engine.step = step
+    monkeypatch.setattr("tasks.generate.get_engine", lambda spec: engine)
+
+    def run(in_flight: int, out: str) -> tuple[dict, pd.DataFrame]:
+        job = job_from_dict(product_job(tmp_path, 30, expectations={"keyword_column": None}, retry={"max_passes": 1},
+                                        window_size=8, windows_in_flight=in_flight,
+                                        output={"dir": str(tmp_path / out)}))
+        manifest = batch_generation(job)
+        return manifest, pd.read_parquet(tmp_path / out / "current" / "attempts.parquet")
+
+    overlapped, attempts = run(3, "overlapped")
+    mixed = [step for step in llm.steps if len({request_id.split("-")[0] for request_id in step}) > 1]
+    assert mixed, "no engine step held requests of two tasks: the windows did not overlap"
+    llm.steps.clear()
+    sequential, sequential_attempts = run(1, "sequential")
+    assert not [step for step in llm.steps if len({request_id.split("-")[0] for request_id in step}) > 1]
+
+    assert overlapped["counts"] == {**sequential["counts"], "reused": overlapped["counts"]["reused"]}
+    assert overlapped["counts"]["items"] == 30 and overlapped["counts"]["retry_attempts"] == 30
+    results = pd.read_parquet(tmp_path / "overlapped" / "current" / "results.parquet")
+    assert sorted(results["item_id"]) == [f"p{i:05d}" for i in range(1, 31)]  # every item once
+    assert not attempts.duplicated(["item_id", "candidate", "attempt"]).any() and len(attempts) == 60
+    assert len(sequential_attempts) == 60

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
@@ -21,6 +20,7 @@ from batchgen.generation import (
 from batchgen.job import RetrySpec, SamplingSpec
 from batchgen.retry import plan_retries
 from batchgen.schema import ATTEMPT_SCHEMA
+from tests.engines import stand_in_engine
 
 MODEL = '{"model": "/models/smollm2", "dtype": "auto"}'
 
@@ -166,13 +166,16 @@ class FakeLLM:
 
 
 class Factory:
+    """An engine over the fake LLM, fed through batchgen's engine stream (one step answers what was added)."""
+
     def __init__(self, llm: FakeLLM):
         self.llm = llm
+        self.engine = stand_in_engine(llm)
         self.calls = 0
 
-    def __call__(self) -> FakeLLM:
+    def __call__(self):
         self.calls += 1
-        return self.llm
+        return self.engine
 
 
 def many_requests(count: int, n: int = 1) -> list[GenRequest]:
@@ -185,7 +188,7 @@ def test_run_requests_sends_every_request_with_its_budget_and_sampling():
     sampling = SamplingSpec(temperature=0.7, top_p=0.9, max_tokens=4, n=2, stop=["\n\n"])
     reqs = many_requests(3, n=2)
 
-    rows, reused = run_requests(factory, reqs, sampling, MODEL, chunk_size=10)
+    rows, reused, *_ = run_requests(factory, reqs, sampling, MODEL, commit_every=10)
 
     assert reused == 0 and factory.calls == 1 and len(llm.calls) == 1
     prompts, params = llm.calls[0]
@@ -200,7 +203,7 @@ def test_run_requests_sends_every_request_with_its_budget_and_sampling():
 
 
 @pytest.mark.parametrize(("count", "chunk_size"), [(10, 3), (9, 3), (1, 512), (7, 1)])
-def test_run_requests_chunks_the_pending_requests(count, chunk_size):
+def test_run_requests_feeds_every_request_at_once_and_commits_in_chunks(count, chunk_size):
     llm = FakeLLM()
     seen: list[dict[str, Any]] = []
     progress: list[tuple[int, int]] = []
@@ -209,12 +212,12 @@ def test_run_requests_chunks_the_pending_requests(count, chunk_size):
         seen.extend(new_rows)
         progress.append((finished, total))
 
-    rows, reused = run_requests(Factory(llm), many_requests(count), SamplingSpec(max_tokens=4), MODEL,
-                                chunk_size=chunk_size, on_chunk=on_chunk)
+    rows, reused, *_ = run_requests(Factory(llm), many_requests(count), SamplingSpec(max_tokens=4), MODEL,
+                                commit_every=chunk_size, on_commit=on_chunk)
 
-    assert len(llm.calls) == math.ceil(count / chunk_size)
-    assert [len(prompts) for prompts, _ in llm.calls] == [
-        min(chunk_size, count - start) for start in range(0, count, chunk_size)]
+    assert [len(prompts) for prompts, _ in llm.calls] == [count]  # no drain between chunks: one engine step
+    commits = [b - a for (a, _), (b, _) in zip([(0, count)] + progress, progress)]
+    assert commits == [min(chunk_size, count - start) for start in range(0, count, chunk_size)]
     assert len(seen) == count == len(rows)
     assert sorted(r["item_id"] for r in seen) == sorted(f"p{i}" for i in range(count))  # each row once
     assert seen == rows
@@ -225,7 +228,7 @@ def test_run_requests_chunks_the_pending_requests(count, chunk_size):
 def test_run_requests_reuses_done_results_without_asking_the_engine():
     sampling = SamplingSpec(max_tokens=4)
     reqs = many_requests(5)
-    first_rows, _ = run_requests(Factory(FakeLLM()), reqs[:3], sampling, MODEL, chunk_size=2)
+    first_rows, *_ = run_requests(Factory(FakeLLM()), reqs[:3], sampling, MODEL, commit_every=2)
     done: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in first_rows:
         done[row["request_key"]].append(row)
@@ -238,7 +241,7 @@ def test_run_requests_reuses_done_results_without_asking_the_engine():
         seen.extend(new_rows)
         progress.append((finished, total))
 
-    rows, reused = run_requests(Factory(llm), reqs, sampling, MODEL, chunk_size=2, done=done, on_chunk=on_chunk)
+    rows, reused, *_ = run_requests(Factory(llm), reqs, sampling, MODEL, commit_every=2, done=done, on_commit=on_chunk)
 
     assert reused == 3
     sent = [p["prompt_token_ids"][0] for prompts, _ in llm.calls for p in prompts]
@@ -256,7 +259,7 @@ def test_run_requests_asks_a_loader_once_for_exactly_its_requests_keys(tmp_path)
     sampling = SamplingSpec(max_tokens=4)
     reqs = many_requests(5)
     store = ResultStore(tmp_path / "results")
-    first_rows, _ = run_requests(Factory(FakeLLM()), reqs[:3], sampling, MODEL, chunk_size=2)
+    first_rows, *_ = run_requests(Factory(FakeLLM()), reqs[:3], sampling, MODEL, commit_every=2)
     store.commit(first_rows)
     asked: list[set[str]] = []
 
@@ -265,7 +268,7 @@ def test_run_requests_asks_a_loader_once_for_exactly_its_requests_keys(tmp_path)
         return store.load(keys)
 
     llm = FakeLLM()
-    rows, reused = run_requests(Factory(llm), reqs[1:], sampling, MODEL, chunk_size=2, done=loader)
+    rows, reused, *_ = run_requests(Factory(llm), reqs[1:], sampling, MODEL, commit_every=2, done=loader)
 
     assert len(asked) == 1 and len(asked[0]) == 4  # p1..p4, each key once
     assert {r["request_key"] for r in first_rows[1:]} <= asked[0]
@@ -278,33 +281,33 @@ def test_run_requests_asks_a_loader_once_for_exactly_its_requests_keys(tmp_path)
 def test_run_requests_never_builds_the_engine_when_nothing_is_pending():
     sampling = SamplingSpec(max_tokens=4)
     reqs = many_requests(2)
-    first_rows, _ = run_requests(Factory(FakeLLM()), reqs, sampling, MODEL, chunk_size=8)
+    first_rows, *_ = run_requests(Factory(FakeLLM()), reqs, sampling, MODEL, commit_every=8)
     done = {row["request_key"]: [row] for row in first_rows}
 
     def factory():
         raise AssertionError("the engine was started although every request was done")
 
-    rows, reused = run_requests(factory, reqs, sampling, MODEL, chunk_size=8, done=done)
+    rows, reused, *_ = run_requests(factory, reqs, sampling, MODEL, commit_every=8, done=done)
     assert reused == 2 and rows == first_rows
 
-    rows, reused = run_requests(factory, [], sampling, MODEL, chunk_size=8)
+    rows, reused, *_ = run_requests(factory, [], sampling, MODEL, commit_every=8)
     assert (rows, reused) == ([], 0)
 
 
 def test_run_requests_with_another_model_does_not_reuse_results():
     sampling = SamplingSpec(max_tokens=4)
     reqs = many_requests(2)
-    first_rows, _ = run_requests(Factory(FakeLLM()), reqs, sampling, MODEL, chunk_size=8)
+    first_rows, *_ = run_requests(Factory(FakeLLM()), reqs, sampling, MODEL, commit_every=8)
     done = {row["request_key"]: [row] for row in first_rows}
     llm = FakeLLM()
-    _, reused = run_requests(Factory(llm), reqs, sampling, '{"model": "/models/other"}', chunk_size=8, done=done)
+    _, reused, *_ = run_requests(Factory(llm), reqs, sampling, '{"model": "/models/other"}', commit_every=8, done=done)
     assert reused == 0 and len(llm.calls) == 1
 
 
 def _cut_first_pass(sampling: SamplingSpec) -> pd.DataFrame:
     prompts = pd.DataFrame({"item_id": ["p1"], "prompt": ["<p1>"], "prompt_token_ids": [[1, 2, 3]],
                             "n_prompt_tokens": [3]})
-    rows, _ = run_requests(Factory(FakeLLM("length")), first_pass_requests(prompts, sampling), sampling, MODEL, 8)
+    rows, *_ = run_requests(Factory(FakeLLM("length")), first_pass_requests(prompts, sampling), sampling, MODEL, 8)
     return pd.DataFrame(rows)
 
 
@@ -315,7 +318,7 @@ def test_continue_retry_sends_prompt_plus_prefix_and_asks_only_for_the_rest():
     [retry] = plan_retries(first, RetrySpec(strategy="continue", growth_factor=2), max_model_len=2048)
     llm = FakeLLM()
 
-    [row], _ = run_requests(Factory(llm), [retry], sampling, MODEL, chunk_size=8)
+    [row], *_ = run_requests(Factory(llm), [retry], sampling, MODEL, commit_every=8)
 
     [prompt], [params] = llm.calls[0]
     assert prompt["prompt_token_ids"] == [1, 2, 3] + [900] * 8
@@ -334,7 +337,7 @@ def test_continue_retry_with_min_tokens_is_a_valid_engine_request():
     assert (retry.max_tokens, len(retry.prefix_token_ids)) == (12, 8)
     llm = FakeLLM()
 
-    [row], _ = run_requests(Factory(llm), [retry], sampling, MODEL, chunk_size=8)
+    [row], *_ = run_requests(Factory(llm), [retry], sampling, MODEL, commit_every=8)
 
     [_], [params] = llm.calls[0]
     assert params.max_tokens == 4

@@ -1,0 +1,271 @@
+"""The engine as a stream: requests go in as soon as they are known, outputs come out as they finish.
+
+`LLM.generate` adds a batch and runs the engine until that batch is done, so consecutive
+calls drain the running batch between them and the engine waits while the caller works.
+Here one thread per engine owns vLLM's `LLMEngine` and steps it while it has work; any
+task may submit requests at any time (one window's first pass while another window's
+retry pass is still running) and reads its outputs as they finish. The engine idles only
+when no submitter has anything left.
+
+Only the stream's thread touches the engine. vLLM's API used: `LLMEngine.add_request`,
+`step`, `has_unfinished_requests`, `abort_request` (the same in vLLM 0.26 to 0.33).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("batchgen.stream")
+
+# Requests added between two engine steps: the engine keeps stepping while a large submission
+# is still being added (each add tokenizes nothing but does validate and copy its parameters).
+ADD_PER_STEP = 256
+
+
+class StreamError(RuntimeError):
+    """The engine failed while this submission's requests were in it (the stream is dead)."""
+
+
+@dataclass
+class _Message:
+    kind: str  # add | cancel | call | stop
+    submission: Submission | None = None
+    call: Callable[[], Any] | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+
+class Submission:
+    """The outputs of one batch of requests, handed over in the order they finish."""
+
+    def __init__(self, stream: EngineStream, prompts: list[Any], params: list[Any], tag: str):
+        self.stream = stream
+        self.prompts, self.params = prompts, params
+        self.ids = [f"{tag}-{i}" for i in range(len(prompts))]
+        self.total = len(prompts)
+        self.received = 0
+        self._outputs: queue.SimpleQueue = queue.SimpleQueue()
+        self.first_added_at: float | None = None  # perf_counter when its first request entered the engine
+        self.last_output_at: float | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        """(index into the submitted lists, vLLM RequestOutput) as each request finishes."""
+        while self.received < self.total:
+            got = self._outputs.get()
+            if isinstance(got, BaseException):
+                raise StreamError(f"the engine failed: {type(got).__name__}: {got}") from got
+            self.received += 1
+            yield got
+
+    def batches(self, max_items: int, max_seconds: float) -> Iterator[list[tuple[int, Any]]]:
+        """Finished outputs in batches: whatever is there after `max_seconds`, or `max_items`, whichever first."""
+        batch: list[tuple[int, Any]] = []
+        deadline = time.monotonic() + max_seconds
+        while self.received < self.total:
+            timeout = deadline - time.monotonic()
+            try:
+                got = self._outputs.get(timeout=max(timeout, 0.0)) if timeout > 0 else self._outputs.get_nowait()
+            except queue.Empty:
+                got = None
+            if isinstance(got, BaseException):
+                raise StreamError(f"the engine failed: {type(got).__name__}: {got}") from got
+            if got is not None:
+                self.received += 1
+                batch.append(got)
+            if batch and (len(batch) >= max_items or time.monotonic() >= deadline or self.received == self.total):
+                yield batch
+                batch = []
+                deadline = time.monotonic() + max_seconds
+            elif got is None:
+                deadline = time.monotonic() + max_seconds
+        if batch:
+            yield batch
+
+    def cancel(self) -> None:
+        """Take this submission's unfinished requests out of the engine (a failed or abandoned task)."""
+        if self.received < self.total and self.stream.alive:
+            try:
+                self.stream._send(_Message("cancel", submission=self))
+            except StreamError:  # the engine died meanwhile: nothing of this submission is left in it
+                pass
+
+
+class EngineStream:
+    """One thread that feeds and steps one vLLM engine for every submitter in the process."""
+
+    def __init__(self, engine: Any, add_per_step: int = ADD_PER_STEP):
+        self.engine = engine  # vllm's LLMEngine (LLM.llm_engine)
+        self.add_per_step = add_per_step
+        self._inbox: queue.SimpleQueue[_Message] = queue.SimpleQueue()
+        self._routes: dict[str, tuple[Submission, int]] = {}
+        self._adding: list[tuple[Submission, int]] = []  # (submission, next index to add)
+        self._deferred: list[_Message] = []  # calls waiting for an idle engine
+        self._tags = itertools.count()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.busy_seconds = 0.0  # time the engine had unfinished requests
+        self.steps = 0
+
+    # ---------------------------------------------------------------- submitters' side
+
+    def submit(self, prompts: list[Any], params: list[Any]) -> Submission:
+        """Queue requests (vLLM prompts, e.g. TokensPrompt, and one SamplingParams each); returns at once."""
+        if len(prompts) != len(params):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling parameters")
+        submission = Submission(self, prompts, params, f"bg{next(self._tags)}")
+        if prompts:
+            self._send(_Message("add", submission=submission))
+        return submission
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn()` on the stream's thread once the engine has no unfinished requests (beam search,
+        a prefix-cache reset): the engine is never used from two threads."""
+        message = _Message("call", call=fn)
+        self._send(message)
+        message.done.wait()
+        if message.error is not None:
+            raise message.error
+        return message.result
+
+    def close(self) -> None:
+        with self._lock:
+            thread = self._thread
+        if thread is not None and thread.is_alive():
+            self._inbox.put(_Message("stop"))
+            thread.join(timeout=30)
+
+    @property
+    def alive(self) -> bool:
+        return self._error is None
+
+    def _send(self, message: _Message) -> None:
+        with self._lock:
+            if self._error is not None:
+                raise StreamError(f"the engine failed earlier: {type(self._error).__name__}: {self._error}")
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="batchgen-engine-stream", daemon=True)
+                self._thread.start()
+            self._inbox.put(message)
+
+    # ---------------------------------------------------------------- the stream's thread
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # the engine died: every waiting submitter hears of it
+            log.error("engine stream stopped: %s: %s", type(exc).__name__, exc)
+            with self._lock:
+                self._error = exc
+            self._fail_all(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for submission in {s for s, _ in self._routes.values()} | {s for s, _ in self._adding}:
+            submission._outputs.put(exc)
+        self._routes.clear()
+        self._adding.clear()
+        for message in self._deferred:
+            message.error = exc
+            message.done.set()
+        self._deferred.clear()
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if message.submission is not None and message.kind == "add":
+                message.submission._outputs.put(exc)
+            message.error = exc
+            message.done.set()
+
+    def _loop(self) -> None:
+        engine = self.engine
+        while True:
+            busy = bool(self._adding) or engine.has_unfinished_requests()
+            if not busy and self._deferred:
+                for message in self._deferred:
+                    self._run_call(message)
+                self._deferred.clear()
+                continue
+            try:
+                message = self._inbox.get_nowait() if busy else self._inbox.get()
+            except queue.Empty:
+                message = None
+            while message is not None:
+                if not self._handle(message):
+                    return
+                try:
+                    message = self._inbox.get_nowait()
+                except queue.Empty:
+                    message = None
+            self._add_some()
+            if engine.has_unfinished_requests():
+                started = time.perf_counter()
+                outputs = engine.step()
+                self.busy_seconds += time.perf_counter() - started
+                self.steps += 1
+                self._route(outputs)
+
+    def _handle(self, message: _Message) -> bool:
+        if message.kind == "stop":
+            return False
+        if message.kind == "add":
+            self._adding.append((message.submission, 0))
+        elif message.kind == "cancel":
+            self._cancel(message.submission)
+        elif message.kind == "call":
+            self._deferred.append(message)
+        return True
+
+    def _add_some(self) -> None:
+        budget = self.add_per_step
+        while self._adding and budget > 0:
+            submission, start = self._adding[0]
+            stop = min(start + budget, submission.total)
+            if submission.first_added_at is None:
+                submission.first_added_at = time.perf_counter()
+            for index in range(start, stop):
+                request_id = submission.ids[index]
+                self._routes[request_id] = (submission, index)
+                self.engine.add_request(request_id, submission.prompts[index], submission.params[index])
+            budget -= stop - start
+            if stop == submission.total:
+                self._adding.pop(0)
+                submission.prompts = submission.params = []  # the engine holds its own copies now
+            else:
+                self._adding[0] = (submission, stop)
+
+    def _route(self, outputs: list[Any]) -> None:
+        now = time.perf_counter()
+        for output in outputs:
+            if not output.finished:
+                continue
+            route = self._routes.pop(output.request_id, None)
+            if route is None:  # a cancelled submission's straggler
+                continue
+            submission, index = route
+            submission.last_output_at = now
+            submission._outputs.put((index, output))
+
+    def _cancel(self, submission: Submission) -> None:
+        self._adding = [(s, i) for s, i in self._adding if s is not submission]
+        ids = [request_id for request_id, (s, _) in self._routes.items() if s is submission]
+        for request_id in ids:
+            del self._routes[request_id]
+        if ids:
+            self.engine.abort_request(ids)
+
+    def _run_call(self, message: _Message) -> None:
+        try:
+            message.result = message.call()
+        except BaseException as exc:  # handed to the caller, the stream goes on
+            message.error = exc
+        message.done.set()

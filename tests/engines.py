@@ -1,0 +1,58 @@
+"""Stand-in engines for orchestration tests: vLLM's LLMEngine surface (add_request / step) over a function that
+answers a batch like `LLM.generate`. The proof that generation works is the end-to-end tier on the real engine."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Callable
+
+from batchgen.engine import Engine
+from batchgen.models import ModelRef
+
+
+class StandInCore:
+    """LLMEngine's add_request / step / has_unfinished_requests / abort_request. Each step answers up to `per_step`
+    pending requests (all when None) through `answer(prompts, params)`, which returns one output per prompt."""
+
+    def __init__(self, answer: Callable[[list[Any], list[Any]], list[Any]], per_step: int | None = None):
+        self.answer = answer
+        self.per_step = per_step
+        self.pending: list[tuple[str, Any, Any]] = []
+        self.aborted: list[str] = []
+
+    def add_request(self, request_id: str, prompt: Any, params: Any) -> str:
+        self.pending.append((request_id, prompt, params))
+        return request_id
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.pending)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.pending)
+
+    def abort_request(self, request_ids: list[str], internal: bool = False) -> None:
+        gone = set(request_ids)
+        self.aborted.extend(request_ids)
+        self.pending = [p for p in self.pending if p[0] not in gone]
+
+    def step(self) -> list[Any]:
+        count = len(self.pending) if self.per_step is None else self.per_step
+        batch, self.pending = self.pending[:count], self.pending[count:]
+        outputs = self.answer([prompt for _, prompt, _ in batch], [params for _, _, params in batch])
+        for (request_id, _, _), output in zip(batch, outputs):
+            output.request_id = request_id
+            output.finished = True
+        return outputs
+
+
+def stand_in_engine(llm: Any, per_step: int | None = None) -> Engine:
+    """An Engine over a stand-in LLM with a `generate(prompts, params, use_tqdm)` method; its stream feeds
+    `llm.llm_engine`, a StandInCore answering through that method."""
+    llm.llm_engine = StandInCore(lambda prompts, params: llm.generate(prompts, params, use_tqdm=False), per_step)
+    return Engine(llm=llm, model=ModelRef(name="stand-in", path="/stand-in"), args={}, max_model_len=2048,
+                  load_seconds=0.0)
+
+
+def completion(index: int, text: str, token_ids: list[int], finish_reason: str) -> SimpleNamespace:
+    return SimpleNamespace(index=index, text=text, token_ids=token_ids, cumulative_logprob=None,
+                           finish_reason=finish_reason, stop_reason=None, logprobs=None)

@@ -1,0 +1,122 @@
+"""The engine stream: many submitters, one engine, outputs routed back as they finish (stand-in engine core)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from batchgen.stream import EngineStream, StreamError
+from tests.engines import StandInCore
+
+
+def answer(prompts, params):
+    return [SimpleNamespace(outputs=[SimpleNamespace(index=0, text=f"out {p['prompt_token_ids'][0]}")])
+            for p in prompts]
+
+
+class SlowCore(StandInCore):
+    """Answers `per_step` requests a step, `seconds` per step, and remembers which requests each step held."""
+
+    def __init__(self, per_step: int, seconds: float = 0.0, fail_at_step: int | None = None):
+        super().__init__(answer, per_step)
+        self.seconds, self.fail_at_step = seconds, fail_at_step
+        self.steps: list[list[str]] = []
+
+    def step(self):
+        if self.fail_at_step is not None and len(self.steps) == self.fail_at_step:
+            raise RuntimeError("engine died (stand-in)")
+        self.steps.append([request_id for request_id, _, _ in self.pending[:self.per_step]])
+        time.sleep(self.seconds)
+        return super().step()
+
+
+def prompts(first: int, count: int) -> list[dict]:
+    return [{"prompt_token_ids": [first + i, 1, 2]} for i in range(count)]
+
+
+def test_two_submitters_share_the_engine_and_each_gets_exactly_its_outputs():
+    core = SlowCore(per_step=4, seconds=0.01)
+    stream = EngineStream(core, add_per_step=64)
+    got: dict[str, list[str]] = {}
+
+    def submit(name: str, first: int):
+        submission = stream.submit(prompts(first, 10), [None] * 10)
+        got[name] = [output.outputs[0].text for _, output in sorted(submission, key=lambda pair: pair[0])]
+
+    threads = [threading.Thread(target=submit, args=("a", 100)), threading.Thread(target=submit, args=("b", 200))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert got["a"] == [f"out {100 + i}" for i in range(10)]
+    assert got["b"] == [f"out {200 + i}" for i in range(10)]
+    # The engine never ran dry between them: 20 requests, 4 a step, 5 steps (no step held fewer than 4).
+    assert [len(step) for step in core.steps] == [4, 4, 4, 4, 4]
+    stream.close()
+
+
+def test_a_large_submission_is_added_while_the_engine_already_steps():
+    core = SlowCore(per_step=1000)
+    stream = EngineStream(core, add_per_step=8)
+    submission = stream.submit(prompts(0, 20), [None] * 20)
+    assert sorted(index for index, _ in submission) == list(range(20))
+    assert [len(step) for step in core.steps] == [8, 8, 4]  # the first step did not wait for all 20
+    stream.close()
+
+
+def test_batches_commit_by_count_and_by_time():
+    core = SlowCore(per_step=3, seconds=0.05)
+    stream = EngineStream(core)
+    sizes = [len(batch) for batch in stream.submit(prompts(0, 10), [None] * 10).batches(4, 60.0)]
+    assert sizes == [4, 4, 2]  # by count; the rest when the submission is done
+    timed = [len(batch) for batch in stream.submit(prompts(0, 6), [None] * 6).batches(1000, 0.01)]
+    assert sum(timed) == 6 and len(timed) >= 2  # by time: what had finished after 10 ms, then the rest
+    stream.close()
+
+
+def test_an_engine_failure_reaches_every_waiting_submitter_and_later_submits():
+    core = SlowCore(per_step=2, seconds=0.01, fail_at_step=1)
+    stream = EngineStream(core)
+    first, second = stream.submit(prompts(0, 4), [None] * 4), stream.submit(prompts(10, 4), [None] * 4)
+    received = []
+    with pytest.raises(StreamError, match="engine died"):
+        for index, _ in first:
+            received.append(index)
+    assert received == [0, 1]  # what finished before the failure reached its submitter
+    with pytest.raises(StreamError, match="engine died"):
+        list(second)
+    assert not stream.alive
+    with pytest.raises(StreamError, match="failed earlier"):
+        stream.submit(prompts(0, 1), [None])
+
+
+def test_cancel_takes_the_unfinished_requests_out_of_the_engine():
+    core = SlowCore(per_step=1, seconds=0.02)
+    stream = EngineStream(core)
+    submission = stream.submit(prompts(0, 20), [None] * 20)
+    for index, _ in submission:
+        break
+    submission.cancel()
+    deadline = time.monotonic() + 10
+    while core.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not core.pending and len(core.aborted) >= 15
+    after = stream.submit(prompts(100, 2), [None] * 2)  # the stream goes on for others
+    assert sorted(index for index, _ in after) == [0, 1]
+    stream.close()
+
+
+def test_a_call_runs_on_the_stream_thread_only_when_the_engine_is_idle():
+    core = SlowCore(per_step=2, seconds=0.01)
+    stream = EngineStream(core)
+    submission = stream.submit(prompts(0, 10), [None] * 10)
+    seen = stream.call(lambda: (threading.current_thread().name, len(core.pending)))
+    assert seen == ("batchgen-engine-stream", 0)
+    assert len(list(submission)) == 10
+    with pytest.raises(ValueError, match="boom"):
+        stream.call(lambda: (_ for _ in ()).throw(ValueError("boom")))
+    assert stream.alive  # a failing call is the caller's error, not the engine's
+    stream.close()
