@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import jinja2
 import pandas as pd
-from jinja2 import meta
+from jinja2 import meta, nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from batchgen.items import Rejection
@@ -36,23 +36,37 @@ class BuiltPrompts:
 
 @functools.lru_cache(maxsize=32)
 def compile_template(source: str, where: str) -> jinja2.Template:
+    """The sandboxed template, compiled once; a JobError naming the field and line when it cannot compile.
+
+    Compiling catches more than parsing does: an unknown filter or test (`{{ name | shout }}`) is
+    an error of the compiler, not the parser.
+    """
     try:
-        return _ENV.from_string(source)
+        parsed = _ENV.parse(source)
+        template = _ENV.from_string(parsed)
+    except jinja2.TemplateAssertionError as exc:
+        raise JobError(f"{where}: line {exc.lineno}: {exc.message}") from None
     except jinja2.TemplateSyntaxError as exc:
         raise JobError(f"{where}: template syntax error on line {exc.lineno}: {exc.message}") from None
+    # Jinja defers unknown filters and tests inside {% if %} to render time: find them all now.
+    for kind, known, label in ((nodes.Filter, _ENV.filters, "filter"), (nodes.Test, _ENV.tests, "test")):
+        for node in parsed.find_all(kind):
+            if node.name not in known:
+                raise JobError(f"{where}: line {node.lineno}: No {label} named {node.name!r}.")
+    return template
+
+
+def _sources(spec: PromptSpec) -> list[tuple[str, str]]:
+    return [(where, source) for where, source in (("prompt.system", spec.system), ("prompt.template", spec.template))
+            if source is not None]
 
 
 def template_fields(spec: PromptSpec) -> list[str]:
     """Columns the templates (or the conversation column) read, in order of first use."""
     names: list[str] = [spec.messages_column] if spec.messages_column else []
-    for where, source in (("prompt.system", spec.system), ("prompt.template", spec.template)):
-        if source is None:
-            continue
-        try:
-            parsed = _ENV.parse(source)
-        except jinja2.TemplateSyntaxError as exc:
-            raise JobError(f"{where}: template syntax error on line {exc.lineno}: {exc.message}") from None
-        for name in sorted(meta.find_undeclared_variables(parsed)):
+    for where, source in _sources(spec):
+        compile_template(source, where)  # syntax, unknown filters and tests: a JobError naming the field
+        for name in sorted(meta.find_undeclared_variables(_ENV.parse(source))):
             if name not in names:
                 names.append(name)
     return names
@@ -129,29 +143,93 @@ def conversation(value: Any, column: str) -> list[dict[str, str]]:
     return messages
 
 
+class RenderError(ValueError):
+    """A template that compiled but failed on one row's values (a runtime error of the user's template)."""
+
+
 def render_messages(spec: PromptSpec, row: dict[str, Any]) -> list[dict[str, str]] | str:
     """The rendered prompt of one row: chat messages, or completion text."""
-    if spec.messages_column is not None:
-        messages = conversation(row[spec.messages_column], spec.messages_column)
-        if spec.system is not None and messages[0]["role"] != "system":
-            messages.insert(0, {"role": "system", "content": _render(spec.system, row, "prompt.system")})
-        return messages
-    user = _render(spec.template, row, "prompt.template")
-    if spec.style == "completion":
-        return user
-    messages = []
-    if spec.system is not None:
-        messages.append({"role": "system", "content": _render(spec.system, row, "prompt.system")})
-    messages.append({"role": "user", "content": user})
-    return messages
+    return _Renderer(spec).render(row)
 
 
 def _render(source: str, row: dict[str, Any], where: str) -> str:
-    template = compile_template(source, where)
-    try:
-        return template.render(**row)
-    except jinja2.exceptions.SecurityError as exc:
-        raise JobError(f"{where}: the template tried something the sandbox forbids: {exc}") from None
+    return _Template.of(source, where).render(row)
+
+
+class _Template:
+    """A compiled template rendered as `Template.render` does, without copying Jinja's globals ChainMap per row
+    (that copy was a third of the rendering time)."""
+
+    def __init__(self, source: str, where: str):
+        self.template = compile_template(source, where)
+        self.where = where
+        self.globals = dict(self.template.globals)
+        # no Jinja syntax at all: the same text for every row (lipsum() or a cycler would not be)
+        self.static = "{" not in source
+
+    @classmethod
+    @functools.lru_cache(maxsize=32)
+    def of(cls, source: str, where: str) -> _Template:
+        return cls(source, where)
+
+    def render(self, row: dict[str, Any]) -> str:
+        template = self.template
+        context = template.new_context({**self.globals, **row}, shared=True)
+        try:
+            try:
+                return template.environment.concat(template.root_render_func(context))
+            except Exception:
+                template.environment.handle_exception()  # re-raises with the template's own line numbers
+        except jinja2.exceptions.SecurityError as exc:
+            raise JobError(f"{self.where}: the template tried something the sandbox forbids: {exc}") from None
+        except Exception as exc:  # the user's template code failed on this row's values: the row's error
+            raise RenderError(f"{self.where}: {_describe_error(exc)}") from exc
+        raise AssertionError("unreachable")
+
+
+def _describe_error(exc: BaseException) -> str:
+    if isinstance(exc, jinja2.TemplateError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _Renderer:
+    """A job's templates for many rows: compiled once, a system message without variables rendered once."""
+
+    def __init__(self, spec: PromptSpec):
+        self.spec = spec
+        self.user = _Template.of(spec.template, "prompt.template") if spec.template is not None else None
+        self.system = _Template.of(spec.system, "prompt.system") if spec.system is not None else None
+        self._static_system: tuple[str | None, BaseException | None] | None = None
+
+    def _system(self, row: dict[str, Any]) -> str:
+        if not self.system.static:
+            return self.system.render(row)
+        if self._static_system is None:
+            try:
+                self._static_system = (self.system.render(row), None)
+            except RenderError as exc:
+                self._static_system = (None, exc)
+        text, error = self._static_system
+        if error is not None:
+            raise RenderError(str(error))
+        return text
+
+    def render(self, row: dict[str, Any]) -> list[dict[str, str]] | str:
+        spec = self.spec
+        if spec.messages_column is not None:
+            messages = conversation(row[spec.messages_column], spec.messages_column)
+            if self.system is not None and messages[0]["role"] != "system":
+                messages.insert(0, {"role": "system", "content": self._system(row)})
+            return messages
+        user = self.user.render(row)
+        if spec.style == "completion":
+            return user
+        messages = []
+        if self.system is not None:
+            messages.append({"role": "system", "content": self._system(row)})
+        messages.append({"role": "user", "content": user})
+        return messages
 
 
 def wrong_type(values: dict[str, Any], fields: list[str], keyword_column: str | None = None) -> str | None:
@@ -175,49 +253,97 @@ def wrong_type(values: dict[str, Any], fields: list[str], keyword_column: str | 
 TOKENIZE_BATCH = 1024
 
 
+def _reject(rejected: list[Rejection], item_id: str, number: int, reason: str, detail: str,
+            values: dict[str, Any]) -> None:
+    rejected.append(Rejection(item_id, number, "prompt", [reason], f"row {number}: {detail}", values))
+
+
+def _token_ids(tokenizer: Tokenizer, texts: list[str], special: bool) -> list[list[int]]:
+    """Token ids of a batch of texts. A Hugging Face fast tokenizer with no truncation or padding set is asked
+    through its Rust tokenizer's `encode_batch_fast` (no character offsets: 20% faster, the same ids)."""
+    fast = getattr(tokenizer, "_tokenizer", None)
+    if (fast is not None and hasattr(fast, "encode_batch_fast") and getattr(fast, "truncation", True) is None
+            and getattr(fast, "padding", True) is None):
+        return [encoding.ids for encoding in fast.encode_batch_fast(texts, add_special_tokens=special)]
+    return tokenizer(texts, add_special_tokens=special, return_attention_mask=False)["input_ids"]
+
+
+def _chat_texts(tokenizer: Tokenizer, conversations: list[list[dict[str, str]]]) -> list[str | Exception]:
+    """The chat template applied to a batch of conversations in one call; where the template refuses one
+    (a `raise_exception` in it), each conversation alone, so only the refused ones fail."""
+    try:
+        return list(tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True))
+    except Exception:
+        pass
+    texts: list[str | Exception] = []
+    for messages in conversations:
+        try:
+            texts.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        except Exception as exc:  # the model's own template refused this conversation: the row's error
+            texts.append(exc)
+    return texts
+
+
 def build_prompts(
     items: pd.DataFrame, spec: PromptSpec, tokenizer: Tokenizer, max_model_len: int, columns: list[str],
     keyword_column: str | None = None,
 ) -> BuiltPrompts:
-    """Render, template and tokenize every item's prompt; reject the rows that cannot be prompted."""
+    """Render, template and tokenize every item's prompt; reject the rows that cannot be prompted.
+
+    Rows are rejected with a reason, in this order of checks: wrong_type, missing_field,
+    template_error (the user's template failed on the row's values) or invalid_messages,
+    empty_prompt, template_error (the model's chat template refused the conversation),
+    prompt_too_long. Templates are compiled once, the chat template is applied to a batch of
+    conversations at a time, and prompts are tokenized a batch at a time.
+    """
     fields = check_template_columns(spec, columns)
+    renderer = _Renderer(spec)
     rejected: list[Rejection] = []
-    ids, texts, numbers, inputs = [], [], [], []
-    for row in items.to_dict(orient="records"):
-        values = {name: row[name] for name in columns}
+    ids, numbers, inputs, rendered_all = [], [], [], []
+    cells = zip(items["item_id"].tolist(), items["row_number"].tolist(), *(items[name].tolist() for name in columns))
+    for item_id, number, *row in cells:
+        values = dict(zip(columns, row))
         problem = wrong_type(values, fields, keyword_column)
         if problem:
-            rejected.append(Rejection(row["item_id"], row["row_number"], "prompt", ["wrong_type"],
-                                      f"row {row['row_number']}: {problem}", values))
+            _reject(rejected, item_id, number, "wrong_type", problem, values)
             continue
         blank = [name for name in fields if _is_blank(values.get(name))]
         if blank:
-            rejected.append(Rejection(row["item_id"], row["row_number"], "prompt", ["missing_field"],
-                                      f"row {row['row_number']}: {', '.join(blank)} is empty", values))
+            _reject(rejected, item_id, number, "missing_field", f"{', '.join(blank)} is empty", values)
             continue
         try:
-            rendered = render_messages(spec, values)
-        except jinja2.TemplateError as exc:
-            rejected.append(Rejection(row["item_id"], row["row_number"], "prompt", ["template_error"],
-                                      f"row {row['row_number']}: {exc}", values))
+            rendered = renderer.render(values)
+        except RenderError as exc:
+            _reject(rejected, item_id, number, "template_error", str(exc), values)
             continue
         except MessagesError as exc:
-            rejected.append(Rejection(row["item_id"], row["row_number"], "prompt", ["invalid_messages"],
-                                      f"row {row['row_number']}: {exc}", values))
+            _reject(rejected, item_id, number, "invalid_messages", str(exc), values)
             continue
         user_text = rendered if isinstance(rendered, str) else rendered[-1]["content"]
         if not user_text.strip():
-            rejected.append(Rejection(row["item_id"], row["row_number"], "prompt", ["empty_prompt"],
-                                      f"row {row['row_number']}: the prompt renders to nothing", values))
+            _reject(rejected, item_id, number, "empty_prompt", "the prompt renders to nothing", values)
             continue
-        if isinstance(rendered, str):
-            text = rendered
-        else:
-            text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True)
-        ids.append(row["item_id"])
-        texts.append(text)
-        numbers.append(row["row_number"])
+        ids.append(item_id)
+        numbers.append(number)
         inputs.append(values)
+        rendered_all.append(rendered)
+
+    texts: list[str] = []
+    if spec.style == "completion":
+        texts = rendered_all
+    else:
+        chat = []
+        for start in range(0, len(rendered_all), TOKENIZE_BATCH):
+            chat.extend(_chat_texts(tokenizer, rendered_all[start:start + TOKENIZE_BATCH]))
+        keep = [i for i, text in enumerate(chat) if not isinstance(text, Exception)]
+        for i, text in enumerate(chat):
+            if isinstance(text, Exception):
+                _reject(rejected, ids[i], numbers[i], "template_error",
+                        f"the model's chat template refused the conversation: {_describe_error(text)}", inputs[i])
+        if len(keep) < len(chat):
+            ids, numbers, inputs = [ids[i] for i in keep], [numbers[i] for i in keep], [inputs[i] for i in keep]
+        texts = [chat[i] for i in keep]
+    del rendered_all
 
     # The chat template already holds the special tokens; raw completion text gets the
     # tokenizer's own (BOS), exactly as vLLM would add them.
@@ -225,14 +351,12 @@ def build_prompts(
     # of one batch at a time are alive (all at once cost ~10 KB per prompt at the peak).
     token_ids: list[list[int]] = []
     for start in range(0, len(texts), TOKENIZE_BATCH):
-        token_ids.extend(tokenizer(texts[start:start + TOKENIZE_BATCH], add_special_tokens=spec.style == "completion",
-                                   return_attention_mask=False)["input_ids"])
+        token_ids.extend(_token_ids(tokenizer, texts[start:start + TOKENIZE_BATCH], spec.style == "completion"))
     keep = []
     for i, tokens in enumerate(token_ids):
         if len(tokens) >= max_model_len:
-            rejected.append(Rejection(ids[i], numbers[i], "prompt", ["prompt_too_long"],
-                                      f"row {numbers[i]}: prompt has {len(tokens)} tokens; "
-                                      f"the model allows {max_model_len} in all", inputs[i]))
+            _reject(rejected, ids[i], numbers[i], "prompt_too_long",
+                    f"prompt has {len(tokens)} tokens; the model allows {max_model_len} in all", inputs[i])
         else:
             keep.append(i)
     prompts = pd.DataFrame({

@@ -245,3 +245,50 @@ def test_chinese_text_survives_rendering_and_tokenization(tokenizer):
     assert "星辰保温杯" in decoded
     assert "核心卖点：一键研磨" in decoded
     assert decoded == prompt  # tokenization is lossless
+
+
+@pytest.mark.parametrize("spec, message", [
+    (PromptSpec(template="Describe {{ name | shout }}."), "prompt.template: line 1: No filter named 'shout'."),
+    (PromptSpec(template="Describe\n{% if name is loud %}{{ name }}{% endif %}"),
+     "prompt.template: line 2: No test named 'loud'."),
+    (PromptSpec(system="{{ feature | nope }}", template="{{ name }}"), "prompt.system: line 1: No filter named 'nope'."),
+], ids=["filter", "test", "system"])
+def test_unknown_filter_or_test_is_a_job_error_naming_field_and_line(spec, message):
+    with pytest.raises(JobError) as caught:
+        check_template_columns(spec, COLUMNS)
+    assert str(caught.value) == message
+
+
+def test_runtime_error_of_a_template_rejects_only_that_row(tokenizer):
+    items = make_items([{"id": "p1", "name": "Mug", "feature": 3.5}, {"id": "p2", "name": "Lamp", "feature": "3.5"},
+                        {"id": "p3", "name": "Kettle", "feature": 2}])
+    built = build_prompts(items, PromptSpec(template="{{ name }} for {{ '%.2f' % feature }}"), tokenizer, 2048,
+                          COLUMNS)
+    assert list(built.prompts["item_id"]) == ["p1", "p3"]
+    assert "Mug for 3.50" in built.prompts["prompt"][0]
+    [rejection] = built.rejected
+    assert (rejection.item_id, rejection.reasons) == ("p2", ["template_error"])
+    assert rejection.detail == "row 3: prompt.template: TypeError: must be real number, not str"
+
+
+def test_chat_template_refusing_one_conversation_rejects_only_that_row(tokenizer):
+    class Refusing:
+        """The real tokenizer, whose chat template raises (as `raise_exception` does) on one conversation."""
+
+        def apply_chat_template(self, conversation, **kwargs):
+            batch = conversation if isinstance(conversation[0], list) else [conversation]
+            if any("Boom" in m["content"] for c in batch for m in c):
+                raise ValueError("Conversation roles must alternate user/assistant")
+            return tokenizer.apply_chat_template(conversation, **kwargs)
+
+        def __call__(self, texts, **kwargs):
+            return tokenizer(texts, **kwargs)
+
+    items = make_items([{"id": "p1", "name": "Mug", "feature": "hot"}, {"id": "p2", "name": "Boom", "feature": "x"},
+                        {"id": "p3", "name": "Lamp", "feature": "bright"}])
+    built = build_prompts(items, PromptSpec(template="{{ name }}: {{ feature }}"), Refusing(), 2048, COLUMNS)
+    assert list(built.prompts["item_id"]) == ["p1", "p3"]
+    [rejection] = built.rejected
+    assert rejection.reasons == ["template_error"]
+    assert rejection.detail == ("row 3: the model's chat template refused the conversation: "
+                                "ValueError: Conversation roles must alternate user/assistant")
