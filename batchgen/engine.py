@@ -153,6 +153,22 @@ def get_engine(spec: EngineSpec) -> Engine:
         return engine
 
 
+def start_in_background(spec: EngineSpec, build_engine: Any = None) -> threading.Thread:
+    """Build the process's engine in a thread of its own, so that its start (tens of seconds, minutes for a
+    large model) overlaps loading and prompt building; the first get_engine waits for it. A failure is left
+    for that get_engine to raise again, where the task that needs the engine reports it."""
+
+    def build() -> None:
+        try:
+            (build_engine or get_engine)(spec)
+        except Exception:
+            log.debug("engine start in the background failed; the generate task will try again", exc_info=True)
+
+    thread = threading.Thread(target=build, name="batchgen-engine-start", daemon=True)
+    thread.start()
+    return thread
+
+
 def discard_engine(spec: EngineSpec, engine: Engine | None = None) -> None:
     """Forget a (possibly dead) engine so that the next get_engine builds a fresh one; with `engine`, only
     that one (a task that failed on an old engine leaves the fresh one another task built alone)."""

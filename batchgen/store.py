@@ -68,6 +68,9 @@ class ResultStore:
                 done[row["request_key"]].append(row)
         return done
 
+    def has_commits(self) -> bool:
+        return self.root.is_dir() and next(self.root.glob("chunk-*.parquet"), None) is not None
+
     def commit(self, rows: list[dict[str, Any]]) -> None:
         if not rows:
             return

@@ -54,29 +54,43 @@ def validate_rows(rows: pd.DataFrame, spec: ExpectationsSpec, keywords: pd.Serie
     frame = prepare_frame(rows, keywords)
     context = gx.get_context(mode="ephemeral")  # suites need an active context, even before they are saved
     suite = build_suite(spec, suite_name, json_schema)
-    failed: dict[str, list[str]] = {key: [] for key in frame[ROW_KEY]}
+    failed: list[list[str]] = [[] for _ in range(len(frame))]
     result_json: dict[str, Any] = {"success": True, "results": [], "statistics": {}}
     if len(frame) and suite.expectations:
         source = context.data_sources.add_pandas("batchgen")
         asset = source.add_dataframe_asset("generations")
         batch = asset.add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame})
         suite = context.suites.add(suite)
-        result = batch.validate(
-            suite, result_format={"result_format": "COMPLETE", "unexpected_index_column_names": [ROW_KEY]}
-        )
+        # Row positions, not row keys: GX builds one dict per failing row for unexpected_index_column_names,
+        # which cost 4x the whole validation (2,048 rows: 0.28 s against 0.07 s).
+        result = batch.validate(suite, result_format={"result_format": "COMPLETE"})
+        keys = frame[ROW_KEY]
         for outcome in result.results:
             name = outcome.expectation_config.meta.get("batchgen_id", outcome.expectation_config.type)
-            for entry in outcome.result.get("unexpected_index_list") or []:
-                key = entry[ROW_KEY] if isinstance(entry, dict) else frame.loc[entry, ROW_KEY]
-                if name not in failed[key]:
-                    failed[key].append(name)
+            for position in outcome.result.get("unexpected_index_list") or []:
+                if name not in failed[position]:
+                    failed[position].append(name)
+            _bound_lists(outcome.result, keys)
         result_json = result.to_json_dict()
     verdicts = pd.DataFrame({
-        ROW_KEY: list(failed),
-        "passed": [not reasons for reasons in failed.values()],
-        "failed": list(failed.values()),
+        ROW_KEY: frame[ROW_KEY],
+        "passed": [not reasons for reasons in failed],
+        "failed": failed,
     })
     return Validation(verdicts=verdicts, result=result_json, statistics=result_json.get("statistics", {}))
+
+
+def _bound_lists(result: dict[str, Any], keys: pd.Series) -> None:
+    """Keep LISTED_ROWS failing rows per expectation in the published result (every row's verdict is in
+    attempts), each index as the row's key, as GX writes it with unexpected_index_column_names."""
+    for name, cap in [(k, PARTIAL_ROWS) for k in _PARTIAL_LISTS] + [(k, LISTED_ROWS) for k in _FULL_LISTS]:
+        values = result.get(name)
+        if not isinstance(values, list):
+            continue
+        values = values[:cap]
+        if name.endswith("index_list"):
+            values = [{ROW_KEY: keys.iat[position]} for position in values]
+        result[name] = values
 
 
 # Counts in a GX result that add up across windows, and the row lists it carries.

@@ -31,7 +31,7 @@ from batchgen.manifest import add_tallies
 from batchgen.publish import open_publication
 from batchgen.schema import frame_input_codec
 from expectations.validate import merge_results
-from tasks.generate import Generated, generate_task
+from tasks.generate import Generated, generate_task, start_engine, store_for
 from tasks.load import load_items_task
 from tasks.prompts import build_prompts_task
 from tasks.publish import publish_task, stage_window_task
@@ -99,6 +99,12 @@ def batch_generation(
         # One staged publication for the whole run; each window adds its rows to it and is then let go.
         staging = open_publication(Path(spec.output.dir))
         codec = frame_input_codec(loaded.items, loaded.columns, [r.input for r in loaded.rejected])
+
+    if len(loaded.items) and not store_for(spec).has_commits():
+        # Nothing of this output was generated before: the engine will be needed, so its start overlaps the
+        # prompts of the first window. (A rerun builds it only once a request turns out to be new.)
+        print("engine: starting while the first prompts are built")
+        start_engine(spec)
 
     in_flight = windows_in_flight(spec)
     windows = item_windows(len(loaded.items), spec.window_size, ramp=in_flight > 1)

@@ -13,7 +13,7 @@ from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from batchgen.engine import discard_engine, engine_args, get_engine, on_cpu
+from batchgen.engine import discard_engine, engine_args, get_engine, on_cpu, start_in_background
 from batchgen.generation import GenRequest, run_requests
 from batchgen.job import JobSpec
 from batchgen.models import resolve_model
@@ -36,6 +36,11 @@ class Generated:
 
 def store_for(job: JobSpec) -> ResultStore:
     return ResultStore(Path(job.output.dir) / ".batchgen" / "results")
+
+
+def start_engine(job: JobSpec) -> None:
+    """Start the engine the generate tasks will use in the background (through this module's get_engine)."""
+    start_in_background(job.engine, lambda spec: get_engine(spec))
 
 
 class Progress:

@@ -11,7 +11,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from batchgen.job import JobSpec
-from expectations.validate import ROW_KEY, prepare_frame, validate_rows
+from expectations.validate import validate_rows
 
 
 @dataclass
@@ -41,11 +41,9 @@ def validate_task(job: JobSpec, rows: pd.DataFrame, keywords: pd.Series | None, 
     """Run the GX suite; every row gets passed/failed and the expectations it failed."""
     validation = validate_rows(rows, job.expectations, keywords, suite_name=f"{job.name}-outputs",
                                json_schema=job.sampling.json_schema)
-    keys = prepare_frame(rows, keywords)[ROW_KEY] if len(rows) else pd.Series(dtype=str)
-    verdicts = validation.verdicts.set_index(ROW_KEY)
-    out = rows.reset_index(drop=True).copy()
-    out["passed"] = [bool(verdicts.at[k, "passed"]) for k in keys]
-    out["failed"] = [list(verdicts.at[k, "failed"]) for k in keys]
+    out = rows.reset_index(drop=True).copy()  # the verdicts are in the rows' order
+    out["passed"] = validation.verdicts["passed"].to_numpy(dtype=bool)
+    out["failed"] = validation.verdicts["failed"].to_list()
     summary = expectation_table(validation.result)
     if summary:
         create_table_artifact(table=summary, description=f"{job.name}: expectations, {label}")
