@@ -58,6 +58,18 @@ def _load(job: Path, limit: int | None, sets: list[str] | None):
         _fail(EXIT_BAD_JOB, str(exc))
 
 
+def _preflight(spec):
+    """Every check that needs no engine (batchgen.preflight); a user's mistake ends here with its exit code."""
+    from batchgen.preflight import DataError, JobError, preflight
+
+    try:
+        return preflight(spec)
+    except JobError as exc:
+        _fail(EXIT_BAD_JOB, str(exc))
+    except DataError as exc:
+        _fail(EXIT_BAD_DATA, str(exc))
+
+
 @app.command()
 def run(
     job: JobArg,
@@ -71,20 +83,11 @@ def run(
     """Run a job: the batch-generation Prefect flow, end to end."""
     _quiet_libraries(verbose)
     spec = _load(job, limit, set_)
-    from batchgen.items import DataError, load_items
-    from batchgen.job import JobError
-    from batchgen.prompts import check_keyword_column, check_template_columns
-
     # Before a Prefect server and an engine are started for nothing, and before the flow's
-    # retry would repeat a failure that no retry can mend.
-    try:
-        columns = load_items(spec.input).columns
-        check_template_columns(spec.prompt, columns, spec.input.path)
-        check_keyword_column(spec.expectations.keyword_column, columns)
-    except JobError as exc:
-        _fail(EXIT_BAD_JOB, str(exc))
-    except DataError as exc:
-        _fail(EXIT_BAD_DATA, str(exc))
+    # retry would repeat a failure that no retry can mend: the same checks as `check`.
+    _preflight(spec)
+    from batchgen.items import DataError
+    from batchgen.job import JobError
     from flows.batch_generation import batch_generation
 
     try:
@@ -110,25 +113,8 @@ def check(
     """Validate a job and its data without loading the engine: items, rejected rows, prompt lengths, token estimate."""
     _quiet_libraries(False)
     spec = _load(job, limit, set_)
-    from batchgen.items import DataError, load_items
-    from batchgen.job import JobError
-    from batchgen.overrides import apply_overrides, check_override_columns
-    from batchgen.prompts import build_prompts, check_keyword_column, check_template_columns
-    from batchgen.tokenizer import load_tokenizer
-
-    try:
-        loaded = load_items(spec.input)
-        check_template_columns(spec.prompt, loaded.columns, spec.input.path)
-        check_keyword_column(spec.expectations.keyword_column, loaded.columns)
-        check_override_columns(spec.sampling, loaded.columns)
-        _, tokenizer, max_len = load_tokenizer(spec.engine)
-        built = build_prompts(loaded.items, spec.prompt, tokenizer, max_len, loaded.columns,
-                              spec.expectations.keyword_column)
-        built = apply_overrides(built, loaded.items, spec.sampling, loaded.columns)
-    except JobError as exc:
-        _fail(EXIT_BAD_JOB, str(exc))
-    except DataError as exc:
-        _fail(EXIT_BAD_DATA, str(exc))
+    checked = _preflight(spec)
+    loaded, built, max_len = checked.loaded, checked.built, checked.max_model_len
     rejected = loaded.rejected + built.rejected
     lengths = built.prompts["n_prompt_tokens"]
     report = {

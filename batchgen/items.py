@@ -15,10 +15,12 @@ Rules, per case (errors are data, see the README's "Nothing lost"):
 from __future__ import annotations
 
 import csv
-import io
+import errno
 import hashlib
+import io
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +78,13 @@ def content_id(row: dict[str, Any]) -> str:
 
 def _check_file(path: Path) -> None:
     if not path.exists():
+        if path.is_symlink():
+            try:
+                path.stat()
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise DataError(f"{path}: the input is a symbolic link that loops back on itself") from None
+            raise DataError(f"{path}: the input is a symbolic link to {os.readlink(path)}, which does not exist")
         raise DataError(f"{path}: input file not found")
     if path.is_dir():
         raise DataError(f"{path}: is a directory; input.path must name a file")
@@ -84,7 +93,10 @@ def _check_file(path: Path) -> None:
 
 
 def _read_text(path: Path) -> str:
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:  # unreadable for this user, a folder in the way, a device error
+        raise DataError(f"{path}: the input cannot be read: {exc.strerror or exc}") from None
     try:
         return raw.decode("utf-8-sig")  # a byte-order mark is accepted and dropped
     except UnicodeDecodeError as exc:
@@ -94,6 +106,9 @@ def _read_text(path: Path) -> str:
 
 def _read_csv(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Rejection]]:
     text = _read_text(path)
+    # Python's csv refuses a field over 131,072 characters, and with it the whole file; a long cell is the
+    # row's problem (prompt_too_long), as it is in JSONL.
+    csv.field_size_limit(max(csv.field_size_limit(), len(text) + 1))
     # newline="": rows end only at \n, \r\n or \r (outside quotes), never at U+2028 and kin.
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
@@ -207,6 +222,19 @@ def _describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+def _unique_labels(rejected: list[Rejection], ids: set[str]) -> None:
+    """A rejected row without a usable id is labelled by batchgen (line-2, row-3, p1@row-4); where an input's
+    own id is the same text, the label gets a ~2 (~3, ...) suffix, so every item is counted exactly once."""
+    taken = set(ids)
+    for rejection in rejected:
+        label, n = rejection.item_id, 1
+        while label in taken:
+            n += 1
+            label = f"{rejection.item_id}~{n}"
+        rejection.item_id = label
+        taken.add(label)
+
+
 def load_items(spec: InputSpec) -> LoadedItems:
     """Read the input file and give every row a stable item id; unusable rows become rejections."""
     path = Path(spec.path)
@@ -259,6 +287,7 @@ def load_items(spec: InputSpec) -> LoadedItems:
         kept_rows.append(full)
         kept_numbers.append(number)
 
+    _unique_labels(rejected, set(kept_ids))
     # object dtype: an empty cell stays None (pandas would make text columns NaN-filled strings)
     items = pd.DataFrame(kept_rows, columns=columns, dtype=object)
     items.insert(0, "row_number", pd.Series(kept_numbers, dtype="int64"))

@@ -361,7 +361,12 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise JobError(f"override {pair!r}: {part} is set twice")
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+        try:
+            node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise JobError(f"override {pair!r}: the value is not valid YAML ({problem}); "
+                           f"quote a text value, close every [ and {{") from None
     return tree
 
 

@@ -64,23 +64,59 @@ def _convert(gguf: Path, dest: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "batchgen-source.json").write_text(json.dumps({"gguf": str(gguf), "size": gguf.stat().st_size}))
+        share(tmp)
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def share(folder: Path) -> None:
+    """Readable by every user of a shared cache (mkdtemp makes folders 0700): a worker may run as another user."""
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def default_model_path() -> Path:
     """The converted default model folder, converting it on first use (safe across processes)."""
     gguf = embedded_gguf()
     dest = cache_dir() / "models" / f"{DEFAULT_MODEL}-{gguf.stat().st_size}"
-    if (dest / "config.json").exists():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest.parent / ".convert.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (dest / "config.json").exists():
-            _convert(gguf, dest)
+    try:
+        if (dest / "config.json").exists():
+            if dest.stat().st_mode & 0o055 != 0o055 and dest.stat().st_uid == os.geteuid():
+                share(dest)  # converted by an earlier batchgen, with mode 0700
+            return dest
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(dest.parent / ".convert.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (dest / "config.json").exists():
+                _convert(gguf, dest)
+    except PermissionError as exc:
+        raise ModelError(f"engine.model: the converted default model in {dest.parent} cannot be used by this user "
+                         f"({exc.strerror}: {exc.filename}); its owner can run `chmod -R a+rX {dest.parent}`, or set "
+                         f"BATCHGEN_CACHE to a folder of your own") from None
     return dest
+
+
+WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_model_folder(folder: str) -> None:
+    """A local model folder has what vLLM and the tokenizer load: a JSON config.json, weights, tokenizer files."""
+    config = Path(folder) / "config.json"
+    if not config.is_file():
+        raise ModelError(f"engine.model: {folder} is a folder without config.json, not a model folder")
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"engine.model: {config} cannot be read as JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"engine.model: {config} is not a JSON object")
+    if not any(next(Path(folder).glob(pattern), None) for pattern in WEIGHTS):
+        raise ModelError(f"engine.model: {folder} holds no weights ({', '.join(WEIGHTS)})")
+    if not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelError(f"engine.model: {folder} holds no tokenizer ({', '.join(TOKENIZER_FILES)})")
 
 
 def resolve_model(model: str | None) -> ModelRef:
@@ -88,11 +124,13 @@ def resolve_model(model: str | None) -> ModelRef:
     if model is None:
         return ModelRef(name=DEFAULT_MODEL, path=str(default_model_path()))
     if os.path.isdir(model):
-        if not os.path.exists(os.path.join(model, "config.json")):
-            raise ModelError(f"engine.model: {model} is a folder without config.json, not a model folder")
+        check_model_folder(model)
         return ModelRef(name=os.path.basename(os.path.normpath(model)), path=os.path.abspath(model))
-    if model.startswith((".", "/")) or os.sep in model.strip("/").replace("/", "", 1):
-        raise ModelError(f"engine.model: {model} is not a folder (and not a hub id of the form org/name)")
+    if os.path.exists(model):
+        raise ModelError(f"engine.model: {model} is a file; engine.model names a model folder or a hub id")
+    if model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1):
+        raise ModelError(f"engine.model: {model} does not exist (engine.model is a model folder, or a hub id "
+                         f"of the form org/name)")
     return ModelRef(name=model, path=model)  # a hub id, for machines that reach a hub
 
 
@@ -101,5 +139,8 @@ def model_max_len(model_path: str) -> int | None:
     config = Path(model_path) / "config.json"
     if not config.exists():
         return None
-    data = json.loads(config.read_text())
-    return data.get("max_position_embeddings") or data.get("n_positions")
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"engine.model: {config} cannot be read as JSON: {exc}") from None
+    return data.get("max_position_embeddings") or data.get("n_positions") if isinstance(data, dict) else None

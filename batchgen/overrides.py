@@ -7,8 +7,10 @@ sees it, since vLLM refuses a whole call for one bad SamplingParams.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Optional
 
 import pandas as pd
 
@@ -20,7 +22,7 @@ from batchgen.prompts import BuiltPrompts
 def check_override_columns(sampling: SamplingSpec, columns: list[str]) -> None:
     """Fail before the engine loads when an override names a column the input lacks."""
     for name, column in sampling.overrides.items():
-        if column not in columns:
+        if columns and column not in columns:  # no columns: no row could be read, each is rejected for that
             raise JobError(f"sampling.overrides.{name}: {column!r} is not a column of the input "
                            f"(columns: {', '.join(columns) or 'none'})")
 
@@ -73,19 +75,39 @@ PARSERS = {
 }
 
 
+Check = Callable[[Optional[int], Optional[float]], Optional[tuple[str, str]]]
+
+
+def vllm_check(sampling: SamplingSpec) -> Check:
+    """The installed vLLM's verdict on a row's (max_tokens, temperature), asked once per distinct pair."""
+    from batchgen.vllm_checks import sampling_problem
+
+    return functools.lru_cache(maxsize=4096)(
+        lambda max_tokens, temperature: sampling_problem(sampling, max_tokens=max_tokens, temperature=temperature))
+
+
 def apply_overrides(built: BuiltPrompts, items: pd.DataFrame, sampling: SamplingSpec,
-                    columns: list[str]) -> BuiltPrompts:
-    """Add each prompt's own max_tokens / temperature (null: the job's); reject rows whose value is unusable."""
+                    columns: list[str], check: Check | None = None) -> BuiltPrompts:
+    """Add each prompt's own max_tokens / temperature (null: the job's); reject rows whose value is unusable.
+
+    A value is parsed here (a number in a cell) and then judged by vLLM's own validation, the
+    job's other sampling values included (`check`, by default `vllm_check`): a temperature of 3
+    rejects its row, not the batch.
+    """
     if not sampling.overrides:
         return built
-    rows = items.set_index("item_id")
+    check = check or vllm_check(sampling)
+    positions = {item_id: i for i, item_id in enumerate(items["item_id"].tolist())}
+    numbers = items["row_number"].tolist()
+    cells = {name: items[name].tolist() if name in items else [None] * len(items)
+             for name in set(columns) | set(sampling.overrides.values())}
     values: dict[str, list[Any]] = {name: [] for name in sampling.overrides}
     keep, rejected = [], list(built.rejected)
-    for position, item_id in enumerate(built.prompts["item_id"]):
-        row = rows.loc[item_id]
+    for position, item_id in enumerate(built.prompts["item_id"].tolist()):
+        at = positions[item_id]
         problems, parsed = [], {}
         for name, column in sampling.overrides.items():
-            cell = row[column]
+            cell = cells[column][at]
             if _blank(cell):
                 parsed[name] = None
                 continue
@@ -93,11 +115,19 @@ def apply_overrides(built: BuiltPrompts, items: pd.DataFrame, sampling: Sampling
                 parsed[name] = PARSERS[name](cell, sampling)
             except ValueError as exc:
                 problems.append(f"sampling.overrides.{name} (column {column}): {exc}")
+        if not problems and any(value is not None for value in parsed.values()):
+            verdict = check(parsed.get("max_tokens"), parsed.get("temperature"))
+            if verdict is not None:
+                field, message = verdict
+                name = field if field in sampling.overrides else next(iter(
+                    n for n in sampling.overrides if parsed.get(n) is not None))
+                problems.append(f"sampling.overrides.{name} (column {sampling.overrides[name]}): "
+                                f"{parsed[name]!r} is refused by vLLM: {message}")
         if problems:
-            number = int(row["row_number"])
+            number = int(numbers[at])
             rejected.append(Rejection(str(item_id), number, "prompt", ["invalid_override"],
                                       f"row {number}: " + "; ".join(problems),
-                                      {name: row[name] for name in columns}))
+                                      {name: cells[name][at] for name in columns}))
             continue
         keep.append(position)
         for name in sampling.overrides:

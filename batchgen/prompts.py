@@ -75,6 +75,8 @@ def template_fields(spec: PromptSpec) -> list[str]:
 def check_template_columns(spec: PromptSpec, columns: list[str], source: str | None = None) -> list[str]:
     """Fail before the engine loads when a template names a column the input lacks."""
     fields = template_fields(spec)
+    if not columns:  # no row could be read (every JSONL line invalid): each is rejected for its own reason
+        return fields
     missing = [name for name in fields if name not in columns]
     if missing and missing[0] == spec.messages_column:
         raise JobError(f"prompt.messages_column: {missing[0]!r} is not a column of the input "
@@ -90,7 +92,7 @@ def check_template_columns(spec: PromptSpec, columns: list[str], source: str | N
 
 def check_keyword_column(column: str | None, columns: list[str]) -> None:
     """The keyword expectation reads an input column: fail before the engine loads when there is none."""
-    if column is not None and column not in columns:
+    if column is not None and columns and column not in columns:
         raise JobError(
             f"expectations.keyword_column: {column!r} is not a column of the input "
             f"(columns: {', '.join(columns) or 'none'})"

@@ -232,3 +232,14 @@ def test_beam_search_candidates_are_the_beam_width(tmp_path):
     assert any("beam search" in note for note in job.sampling.notes())
     with pytest.raises(JobError, match="beam_width .3. and n .2. disagree"):
         load_job(write_job(tmp_path, job_with(sampling={"use_beam_search": True, "beam_width": 3, "n": 2})))
+
+
+@pytest.mark.parametrize("pair, problem", [
+    ('sampling.stop=["\\n\\n"', "expected ',' or ']', but got '<stream end>'"),
+    ("engine.extra_args={block_size: 16", "expected ',' or '}', but got '<stream end>'"),
+    ('prompt.system="unterminated', "found unexpected end of stream"),
+])
+def test_parse_overrides_names_a_value_that_is_not_yaml(pair, problem):
+    with pytest.raises(JobError) as caught:
+        parse_overrides(["sampling.max_tokens=8", pair])
+    assert str(caught.value).startswith(f"override {pair!r}: the value is not valid YAML ({problem})")

@@ -1,0 +1,140 @@
+"""Everything a run can know before the engine starts, checked in one place.
+
+`batchgen check` reports it and `batchgen run` stops on it, with the same messages: the
+output folder, the input, the templates (compiled, then rendered for every row: a row whose
+render fails is that row's rejection), the model (folder, files, hub), `engine.max_model_len`
+against the model's, and the sampling values against the installed vLLM's own validation
+(`SamplingParams` and its `verify` against the model's config), the job's and every row's
+overrides alike. A user's mistake raises JobError (the job) or DataError (the input).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from batchgen.items import DataError, LoadedItems, load_items
+from batchgen.job import EngineSpec, JobError, JobSpec, OutputSpec, SamplingSpec
+from batchgen.models import ModelError, ModelRef
+from batchgen.overrides import apply_overrides, check_override_columns
+from batchgen.prompts import BuiltPrompts, build_prompts, check_keyword_column, check_template_columns
+from batchgen.vllm_checks import first_sentence, sampling_problem
+
+__all__ = ["Checked", "DataError", "JobError", "check_engine", "check_output_dir", "check_sampling", "preflight"]
+
+
+@dataclass
+class Checked:
+    loaded: LoadedItems
+    built: BuiltPrompts
+    model: ModelRef
+    max_model_len: int
+
+
+def check_output_dir(output: OutputSpec) -> None:
+    """output.dir is a folder this user can write, or can be created: before anything is generated for it."""
+    target = Path(output.dir)
+    if target.exists():
+        if not target.is_dir():
+            raise JobError(f"output.dir: {target} is a file, not a folder")
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise JobError(f"output.dir: {target} is not writable by this user")
+        return
+    if target.is_symlink():
+        raise JobError(f"output.dir: {target} is a symbolic link to {os.readlink(target)}, which does not exist")
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise JobError(f"output.dir: {target} cannot be created: {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise JobError(f"output.dir: {target} cannot be created: {parent} is not writable by this user")
+
+
+@functools.lru_cache(maxsize=8)
+def _model_config(args_key: tuple) -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(**dict(args_key)).create_model_config()
+
+
+def _engine_arg_names() -> set[str]:
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
+
+    return {f.name for f in dataclasses.fields(EngineArgs)} | set(inspect.signature(LLM.__init__).parameters)
+
+
+def check_engine(spec: EngineSpec) -> tuple[ModelRef, Any, int, Any]:
+    """The model (folder, files, or hub), its tokenizer, the context length and vLLM's ModelConfig for it.
+
+    vLLM builds the same ModelConfig when the engine starts: what it refuses here (a
+    max_model_len above the model's, a dtype it does not know) would stop the run there.
+    """
+    from batchgen.engine import engine_args, on_cpu
+    from batchgen.tokenizer import load_tokenizer
+
+    try:
+        model, tokenizer, max_len = load_tokenizer(spec)
+    except ModelError as exc:
+        raise JobError(str(exc)) from None
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = engine_args(spec, model, on_cpu())
+    unknown = sorted(set(spec.extra_args) - _engine_arg_names())
+    if unknown:
+        raise JobError(f"engine.extra_args: {unknown[0]!r} is not an argument of vllm.LLM")
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    try:
+        config = _model_config(tuple(sorted((k, _hashable(v)) for k, v in args.items() if k in fields)))
+    except (ValueError, TypeError, OSError) as exc:  # pydantic's ValidationError is a ValueError
+        message = first_sentence(str(exc))
+        where = next((f"engine.{name}" for name in ("max_model_len", "dtype", "seed") if name in message),
+                     "engine")
+        if where == "engine" and spec.extra_args:
+            where = "engine (or engine.extra_args)"
+        raise JobError(f"{where}: vLLM refuses it: {message}") from None
+    return model, tokenizer, int(config.max_model_len or max_len), config
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def check_sampling(sampling: SamplingSpec, model_config: Any = None, tokenizer: Any = None) -> None:
+    """The job's sampling values against the installed vLLM's own validation: a JobError naming the field."""
+    problem = sampling_problem(sampling, model_config, tokenizer)
+    if problem is not None:
+        name, message = problem
+        field = f"sampling.{name}" if name in SamplingSpec.model_fields else "sampling"
+        raise JobError(f"{field}: vLLM refuses it: {message}")
+
+
+def preflight(spec: JobSpec) -> Checked:
+    """Every check that needs no engine, in the order a user would fix them; the items and prompts it built."""
+    check_output_dir(spec.output)
+    loaded = load_items(spec.input)
+    if spec.input.shard_count is not None:
+        from batchgen.shards import select_shard
+
+        loaded = select_shard(loaded, spec.input.shard_index, spec.input.shard_count)
+    check_template_columns(spec.prompt, loaded.columns, spec.input.path)
+    check_keyword_column(spec.expectations.keyword_column, loaded.columns)
+    check_override_columns(spec.sampling, loaded.columns)
+    model, tokenizer, max_len, config = check_engine(spec.engine)
+    check_sampling(spec.sampling, config, tokenizer)
+    built = build_prompts(loaded.items, spec.prompt, tokenizer, max_len, loaded.columns,
+                          spec.expectations.keyword_column)
+    row_check = functools.lru_cache(maxsize=4096)(
+        lambda max_tokens, temperature: sampling_problem(spec.sampling, config, tokenizer, max_tokens, temperature))
+    built = apply_overrides(built, loaded.items, spec.sampling, loaded.columns, check=row_check)
+    return Checked(loaded=loaded, built=built, model=model, max_model_len=max_len)
