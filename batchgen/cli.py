@@ -58,12 +58,12 @@ def _load(job: Path, limit: int | None, sets: list[str] | None):
         _fail(EXIT_BAD_JOB, str(exc))
 
 
-def _preflight(spec):
+def _preflight(spec, model: bool = True):
     """Every check that needs no engine (batchgen.preflight); a user's mistake ends here with its exit code."""
     from batchgen.preflight import DataError, JobError, preflight
 
     try:
-        return preflight(spec)
+        return preflight(spec, model=model)
     except JobError as exc:
         _fail(EXIT_BAD_JOB, str(exc))
     except DataError as exc:
@@ -183,7 +183,13 @@ def run_sharded(
     _quiet_libraries(False)
     from batchgen.items import DataError
     from batchgen.job import JobError
+    from flows.batch_generation import resolve_job
 
+    try:  # the job as the sharded flow reads it here: its mistakes stop before any shard is started
+        spec = resolve_job(job, limit, None, output_dir, list(set_ or []))
+    except JobError as exc:
+        _fail(EXIT_BAD_JOB, str(exc))
+    _preflight(spec, model=False)
     try:
         from flows.sharded_batch_generation import sharded_batch_generation
 

@@ -119,8 +119,12 @@ def check_sampling(sampling: SamplingSpec, model_config: Any = None, tokenizer: 
         raise JobError(f"{field}: vLLM refuses it: {message}")
 
 
-def preflight(spec: JobSpec) -> Checked:
-    """Every check that needs no engine, in the order a user would fix them; the items and prompts it built."""
+def preflight(spec: JobSpec, model: bool = True) -> Checked | None:
+    """Every check that needs no engine, in the order a user would fix them; the items and prompts it built.
+
+    model=False (the sharded flow's coordinator, which may hold no model) checks the output folder,
+    the input, the templates and the sampling values without the model, and returns None.
+    """
     check_output_dir(spec.output)
     loaded = load_items(spec.input)
     if spec.input.shard_count is not None:
@@ -130,11 +134,14 @@ def preflight(spec: JobSpec) -> Checked:
     check_template_columns(spec.prompt, loaded.columns, spec.input.path)
     check_keyword_column(spec.expectations.keyword_column, loaded.columns)
     check_override_columns(spec.sampling, loaded.columns)
-    model, tokenizer, max_len, config = check_engine(spec.engine)
+    if not model:
+        check_sampling(spec.sampling)
+        return None
+    ref, tokenizer, max_len, config = check_engine(spec.engine)
     check_sampling(spec.sampling, config, tokenizer)
     built = build_prompts(loaded.items, spec.prompt, tokenizer, max_len, loaded.columns,
                           spec.expectations.keyword_column)
     row_check = functools.lru_cache(maxsize=4096)(
         lambda max_tokens, temperature: sampling_problem(spec.sampling, config, tokenizer, max_tokens, temperature))
     built = apply_overrides(built, loaded.items, spec.sampling, loaded.columns, check=row_check)
-    return Checked(loaded=loaded, built=built, model=model, max_model_len=max_len)
+    return Checked(loaded=loaded, built=built, model=ref, max_model_len=max_len)
