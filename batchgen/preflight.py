@@ -93,11 +93,18 @@ def check_engine(spec: EngineSpec) -> tuple[ModelRef, Any, int, Any]:
     try:
         config = _model_config(tuple(sorted((k, _hashable(v)) for k, v in args.items() if k in fields)))
     except (ValueError, TypeError, OSError) as exc:  # pydantic's ValidationError is a ValueError
-        message = first_sentence(str(exc))
-        where = next((f"engine.{name}" for name in ("max_model_len", "dtype", "seed") if name in message),
-                     "engine")
-        if where == "engine" and spec.extra_args:
-            where = "engine (or engine.extra_args)"
+        name, message = None, first_sentence(str(exc))
+        errors = getattr(exc, "errors", None)
+        if callable(errors) and errors() and errors()[0].get("loc"):  # pydantic: the field and its message
+            name, message = str(errors()[0]["loc"][0]), first_sentence(errors()[0]["msg"])
+        else:
+            name = next((n for n in ("max_model_len", "dtype") if n in message), None)
+        if name in spec.extra_args:
+            where = f"engine.extra_args.{name}"
+        elif name in EngineSpec.model_fields:
+            where = f"engine.{name}"
+        else:
+            where = "engine" if not spec.extra_args else "engine (or engine.extra_args)"
         raise JobError(f"{where}: vLLM refuses it: {message}") from None
     return model, tokenizer, int(config.max_model_len or max_len), config
 
