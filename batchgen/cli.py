@@ -1,7 +1,7 @@
 """The `batchgen` command line.
 
 Exit codes: 0 success, 1 the run failed, 2 the job is not valid, 3 the input data cannot be read,
-4 the directory given to `report` is not a publication.
+4 the directory given to `report` is not a publication (or the one given to `clean` not an output folder).
 """
 
 from __future__ import annotations
@@ -160,6 +160,26 @@ def report(
     except NotAPublicationError as exc:
         _fail(EXIT_NOT_PUBLICATION, str(exc))
     typer.echo(str(path))
+
+
+@app.command()
+def clean(
+    target: Annotated[Path, typer.Argument(
+        metavar="JOB_OR_DIR", help="A job file (its output.dir is cleaned) or an output folder.", show_default=False)],
+) -> None:
+    """Remove staged publications that runs killed while publishing left behind (full copies of the data).
+
+    A staging that a live run is writing is left alone; committed publications are never touched.
+    Every run does this when it starts publishing; this command does it now. Prints what was removed.
+    """
+    from batchgen.publish import PUBLICATIONS, clean_stale
+
+    out = target
+    if target.is_file():
+        out = Path(_load(target, None, None).output.dir)
+    if not (out / PUBLICATIONS).is_dir():
+        _fail(EXIT_NOT_PUBLICATION, f"{out}: not a batchgen output folder (no {PUBLICATIONS}/ in it)")
+    typer.echo(json.dumps({"output": str(out), "removed": [str(path) for path in clean_stale(out)]}, indent=2))
 
 
 @app.command("run-sharded")

@@ -18,6 +18,7 @@ directory is removed by the next commit. The last `keep` publications are kept.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -123,11 +124,73 @@ def stage(
     return stage_tables(out_dir, tables, validation, manifest, jsonl)
 
 
+LOCK = ".staging.lock"  # held (flock) by the process writing a staged publication, for as long as it lives
+_HELD: dict[str, int] = {}  # staging directory -> its lock's file descriptor, in this process
+
+
 def open_publication(out_dir: Path) -> Path:
-    """A new, empty publication directory that no reader looks at until `commit`."""
+    """A new, empty publication directory that no reader looks at until `commit`.
+
+    Stagings left by runs that were killed are removed first (`clean_stale`), so an output
+    folder holds at most one staged copy of the data besides its kept publications.
+    """
+    clean_stale(out_dir)
     staging = Path(out_dir) / PUBLICATIONS / new_publication_id()
     staging.mkdir(parents=True)
+    fd = os.open(staging / LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _HELD[str(staging)] = fd
     return staging
+
+
+def _release(staging: Path) -> None:
+    fd = _HELD.pop(str(staging), None)
+    if fd is not None:
+        os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        (staging / LOCK).unlink()
+
+
+def discard(staging: Path) -> None:
+    """Drop a staged publication that will not be committed (its run failed): the data copy goes at once."""
+    _release(staging)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _abandoned(staging: Path) -> bool:
+    """A staging whose writer is gone: its lock can be taken (a live writer holds it), or it has none."""
+    if str(staging) in _HELD:
+        return False
+    try:
+        fd = os.open(staging / LOCK, os.O_RDWR)
+    except FileNotFoundError:  # committed (the lock goes at commit), or staged by a batchgen without locks
+        return True
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing drops the probe's lock
+
+
+def clean_stale(out_dir: Path) -> list[Path]:
+    """Remove staged publications that no live process is writing and that were never committed; returns them."""
+    folder = Path(out_dir) / PUBLICATIONS
+    if not folder.is_dir():
+        return []
+    keep = set(_history(Path(out_dir)))
+    link = Path(out_dir) / CURRENT
+    if link.is_symlink():
+        keep.add(Path(os.readlink(link)).name)
+    removed = []
+    for path in sorted(folder.iterdir()):
+        if path.is_dir() and path.name not in keep and _abandoned(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def stage_part(staging: Path, index: int, tables: dict[str, pa.Table]) -> None:
@@ -229,11 +292,17 @@ def stage_streams(
 ) -> tuple[dict[str, Any], Path]:
     """`stage` for tables that arrive in pieces (e.g. the batches of shard publications merged into one):
     {file name: (schema, pieces)}, each file written a piece at a time."""
+    opened = staging is None
     staging = staging if staging is not None else open_publication(out_dir)
-    files: dict[str, dict[str, Any]] = {}
-    for name, (schema, pieces) in streams.items():
-        files.update(_write_table(pieces, schema, staging / name, jsonl))
-    return _seal(staging, files, validation, manifest)
+    try:
+        files: dict[str, dict[str, Any]] = {}
+        for name, (schema, pieces) in streams.items():
+            files.update(_write_table(pieces, schema, staging / name, jsonl))
+        return _seal(staging, files, validation, manifest)
+    except BaseException:
+        if opened:  # this call's own staging: nobody else will finish it
+            discard(staging)
+        raise
 
 
 def _seal(staging: Path, files: dict[str, dict[str, Any]], validation: list[dict[str, Any]],
@@ -261,6 +330,7 @@ def commit(out_dir: Path, staging_dir: Path, keep: int = 3) -> Path:
     out_dir, staging_dir = Path(out_dir), Path(staging_dir)
     if staging_dir.parent.resolve() != (out_dir / PUBLICATIONS).resolve() or not (staging_dir / MANIFEST).is_file():
         raise PublishError(f"{staging_dir}: not a staged publication of {out_dir} (no {MANIFEST})")
+    _release(staging_dir)
     for path in sorted(staging_dir.rglob("*"), reverse=True):  # files added after stage() are durable too
         if path.is_file():
             with open(path, "rb") as handle:
@@ -283,7 +353,7 @@ def commit(out_dir: Path, staging_dir: Path, keep: int = 3) -> Path:
     (out_dir / HISTORY).parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(json.dumps(kept, indent=1), out_dir / HISTORY)
     for path in (out_dir / PUBLICATIONS).iterdir():  # older publications, and stagings a crash left behind
-        if path.name not in kept and path.is_dir():
+        if path.name not in kept and path.is_dir() and _abandoned(path):  # never another live run's staging
             shutil.rmtree(path, ignore_errors=True)
     return staging_dir
 

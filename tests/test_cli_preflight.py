@@ -274,3 +274,23 @@ def test_run_sharded_stops_on_the_same_mistakes_before_any_shard(tmp_path):
                  "prompt.template: line 1: No filter named 'shout'.")
     assert_stops(*batchgen("run-sharded", job, "--set", 'prompt.template="{{ name }}"'), EXIT_BAD_JOB,
                  "sampling.temperature: vLLM refuses it: temperature must be in [0, 2], got 5.0.")
+
+
+def test_clean_removes_what_killed_publishes_left_and_names_a_folder_that_is_no_output(tmp_path):
+    from batchgen import publish
+
+    job = job_file(tmp_path)
+    out = tmp_path / "out"
+    left = out / "publications" / "20260101T000000000000Z-deadbeef"  # a staging whose writer was killed
+    left.mkdir(parents=True)
+    (left / "results.parquet").write_bytes(b"x")
+    (left / publish.LOCK).write_text("")
+    first = CliRunner().invoke(app, ["clean", str(job)])
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout) == {"output": str(out), "removed": [str(left)]}
+    assert not left.exists()
+    again = CliRunner().invoke(app, ["clean", str(out)])
+    assert json.loads(again.stdout) == {"output": str(out), "removed": []}
+    code, err, _ = invoke("clean", tmp_path / "items.csv")  # not a job file
+    assert code == EXIT_BAD_JOB and "the job must be a mapping of sections" in err, err
+    assert_stops(*invoke("clean", tmp_path)[:2], 4, f"{tmp_path}: not a batchgen output folder (no publications/ in it)")

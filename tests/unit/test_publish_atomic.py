@@ -223,3 +223,57 @@ def test_published_tables_are_written_in_bounded_row_groups(tmp_path):
     sizes = [published.metadata.row_group(i).num_rows for i in range(published.metadata.num_row_groups)]
     assert sizes == [ROW_GROUP_ROWS, ROW_GROUP_ROWS, 5]
     assert published.read().equals(table)
+
+
+KILLED_STAGER = """
+import sys
+from pathlib import Path
+from batchgen.publish import open_publication
+staging = open_publication(Path(sys.argv[1]))
+(staging / "results.parquet").write_bytes(b"x" * 1000)  # a full copy of the data, in the real case
+print(staging, flush=True)
+sys.stdin.readline()  # alive (its staging locked) until told to go
+"""
+
+
+def stager(out: Path) -> tuple[subprocess.Popen, Path]:
+    process = subprocess.Popen([sys.executable, "-c", KILLED_STAGER, str(out)], cwd=ROOT, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    return process, Path(process.stdout.readline().strip())
+
+
+def test_stagings_of_killed_runs_are_removed_by_the_next_run_but_a_live_ones_is_not(tmp_path):
+    out = tmp_path / "out"
+    publish_version(out, 1, 10)
+    live, live_staging = stager(out)  # another run, still writing its staging
+    try:
+        killed = []
+        for _ in range(2):  # two runs killed while staging, one after the other
+            process, staging = stager(out)
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=30)
+            killed.append(staging)
+        # the second run's start removed the first one's staging: never more than one left behind
+        assert [path.is_dir() for path in killed] == [False, True]
+
+        staging = publishing.open_publication(out)  # the next run
+        assert not killed[1].exists()
+        assert live_staging.is_dir()  # another run is writing it: left alone
+        assert publishing.clean_stale(out) == []  # nothing else is stale, this run's own staging included
+        assert staging.is_dir()
+    finally:
+        live.stdin.close()
+        live.wait(timeout=30)
+    assert publishing.clean_stale(out) == [live_staging]  # its writer is gone now
+    assert read_current(out) == (1, 10)  # the committed publication was never touched
+
+
+def test_commit_prunes_old_publications_but_not_a_staging_being_written(tmp_path):
+    out = tmp_path / "out"
+    for version in range(1, 4):
+        publish_version(out, version, 5, keep=1)
+    other = publishing.open_publication(out)  # a run that is staging while this one commits
+    publish_version(out, 4, 5, keep=1)
+    assert sorted(p.name for p in (out / "publications").iterdir()) == sorted(
+        [current_publication(out).name, other.name])
+    assert read_current(out) == (4, 5)
