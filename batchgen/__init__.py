@@ -14,3 +14,33 @@ for _name, _value in (
     ("GX_ANALYTICS_ENABLED", "false"),
 ):
     _os.environ.setdefault(_name, _value)
+
+
+def _vllm_logging() -> None:
+    """vLLM applies a logging.config.dictConfig when an engine starts. Inside a Prefect run that flushes Prefect's
+    API log handler while holding the logging module's lock, and a run whose engine started beside another
+    thread's logging deadlocked there. So vLLM's logging is not configured by vLLM (VLLM_CONFIGURE_LOGGING=0,
+    unless the user set it): batchgen gives the `vllm` logger one stderr handler itself."""
+    import logging
+    import sys
+
+    class Stderr(logging.StreamHandler):
+        @property
+        def stream(self):  # the current stderr (tests and terminals replace it)
+            return sys.stderr
+
+        @stream.setter
+        def stream(self, value):
+            pass
+
+    handler = Stderr()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s", "%m-%d %H:%M:%S"))
+    logger = logging.getLogger("vllm")
+    logger.addHandler(handler)
+    logger.setLevel(_os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper())
+    logger.propagate = False
+
+
+if "VLLM_CONFIGURE_LOGGING" not in _os.environ:
+    _os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+    _vllm_logging()
