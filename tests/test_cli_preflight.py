@@ -139,6 +139,12 @@ def test_max_model_len_above_the_models_exits_2_in_one_line(tmp_path):
                  "config.json).")
 
 
+def test_dtype_vllm_does_not_know_exits_2_with_vllms_choices(tmp_path):
+    assert_stops(*invoke("check", job_file(tmp_path, engine={"dtype": "float9"}))[:2], EXIT_BAD_JOB,
+                 "engine.dtype: vLLM refuses it: Input should be 'auto', 'half', 'float16', 'bfloat16', 'float' or "
+                 "'float32'")
+
+
 def test_unknown_engine_extra_arg_exits_2(tmp_path):
     code, err, _ = invoke("check", job_file(tmp_path, engine={"extra_args": {"max_num_batched_tokenz": 8}}))
     assert_stops(code, err, EXIT_BAD_JOB, "engine.extra_args: 'max_num_batched_tokenz' is not an argument of vllm.LLM")

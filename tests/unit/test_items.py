@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -341,3 +342,43 @@ def test_jsonl_rows_with_different_keys_get_every_column(tmp_path):
     assert loaded.columns == ["product_id", "name", "color"]
     rows = loaded.items.to_dict(orient="records")
     assert rows[0]["name"] == "Mug" and rows[1]["color"] == "red"
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_limit_stops_reading_the_file(tmp_path, fmt):
+    # past the first rows the file is broken (a ragged row, then, past the first block read, bytes that are
+    # not UTF-8): with a limit it is never read
+    path = tmp_path / f"items.{fmt}"
+    if fmt == "csv":
+        path.write_bytes(b"product_id,name\np1,Mug\np2,Lamp\np3,ragged,row\n" + b"p9,x\n" * 30_000 + b"\xff\xfe")
+    else:
+        path.write_bytes(b'{"product_id": "p1"}\nnot json\n{"product_id": "p2"}\n' + b"[1]\n" * 30_000 + b"\xff\xfe\n")
+    loaded = load_items(InputSpec(path=str(path), id_column="product_id", limit=2))
+    assert list(loaded.items["item_id"]) == ["p1", "p2"]
+    with pytest.raises(DataError, match="line 4: expected 2 fields" if fmt == "csv" else "not UTF-8"):  # no limit
+        load_items(InputSpec(path=str(path), id_column="product_id"))
+
+
+def test_parquet_limit_reads_only_the_first_rows(tmp_path):
+    path = tmp_path / "items.parquet"
+    pq.write_table(pa.table({"product_id": [f"p{i}" for i in range(10_000)], "name": ["x"] * 10_000}), path,
+                   row_group_size=1000)
+    loaded = load_items(InputSpec(path=str(path), id_column="product_id", limit=1500))
+    assert list(loaded.items["item_id"]) == [f"p{i}" for i in range(1500)]
+    assert list(loaded.items["row_number"])[-1] == 1500
+
+
+def test_labels_equal_to_input_ids_get_a_suffix(tmp_path):
+    path = tmp_path / "items.csv"
+    path.write_text("product_id,name\nrow-3,Mug\n,Lamp\np1,Kettle\np1,Kettle\np1@row-5,Cup\n", encoding="utf-8")
+    loaded = load_items(InputSpec(path=str(path), id_column="product_id"))
+    assert list(loaded.items["item_id"]) == ["row-3", "p1", "p1@row-5"]
+    assert [(r.item_id, r.reasons) for r in loaded.rejected] == [("row-3~2", ["missing_id"]),
+                                                                  ("p1@row-5~2", ["duplicate_id"])]
+
+
+def test_csv_cell_longer_than_pythons_field_limit_loads(tmp_path):
+    path = tmp_path / "items.csv"
+    path.write_text(f"product_id,name\np1,{'x' * 200_000}\np2,Lamp\n", encoding="utf-8")
+    loaded = load_items(InputSpec(path=str(path), id_column="product_id"))
+    assert [len(name) for name in loaded.items["name"]] == [200_000, 4]
