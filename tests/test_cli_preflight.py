@@ -250,14 +250,16 @@ def test_symlink_loop_and_dangling_link_say_so(tmp_path):
 def test_input_this_user_cannot_read_exits_3(tmp_path, monkeypatch):
     data = tmp_path / "items.csv"
     data.write_text(CSV, encoding="utf-8")
-    real = Path.read_bytes
+    import builtins
 
-    def refuse(self):
-        if self == data:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self)
+    real = builtins.open
 
-    monkeypatch.setattr(Path, "read_bytes", refuse)  # root reads everything: the refusal is faked
+    def refuse(file, *args, **kwargs):
+        if str(file) == str(data):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", refuse)  # root reads everything: the refusal is faked
     assert_stops(*invoke("check", job_file(tmp_path, data))[:2], EXIT_BAD_DATA,
                  f"{data}: the input cannot be read: Permission denied")
 
