@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,11 +57,17 @@ def check_output_dir(output: OutputSpec) -> None:
         raise JobError(f"output.dir: {target} cannot be created: {parent} is not writable by this user")
 
 
-@functools.lru_cache(maxsize=8)
-def _model_config(args_key: tuple) -> Any:
+_CONFIGS: dict[str, Any] = {}
+
+
+def _model_config(args: dict[str, Any]) -> Any:
+    """vLLM's ModelConfig for these engine arguments, built once per process (a check, then the run's check)."""
     from vllm.engine.arg_utils import EngineArgs
 
-    return EngineArgs(**dict(args_key)).create_model_config()
+    key = json.dumps(args, sort_keys=True, default=repr)
+    if key not in _CONFIGS:
+        _CONFIGS[key] = EngineArgs(**args).create_model_config()
+    return _CONFIGS[key]
 
 
 def _engine_arg_names() -> set[str]:
@@ -91,7 +98,7 @@ def check_engine(spec: EngineSpec) -> tuple[ModelRef, Any, int, Any]:
         raise JobError(f"engine.extra_args: {unknown[0]!r} is not an argument of vllm.LLM")
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     try:
-        config = _model_config(tuple(sorted((k, _hashable(v)) for k, v in args.items() if k in fields)))
+        config = _model_config({k: v for k, v in args.items() if k in fields})
     except (ValueError, TypeError, OSError) as exc:  # pydantic's ValidationError is a ValueError
         name, message = None, first_sentence(str(exc))
         errors = getattr(exc, "errors", None)
@@ -107,14 +114,6 @@ def check_engine(spec: EngineSpec) -> tuple[ModelRef, Any, int, Any]:
             where = "engine" if not spec.extra_args else "engine (or engine.extra_args)"
         raise JobError(f"{where}: vLLM refuses it: {message}") from None
     return model, tokenizer, int(config.max_model_len or max_len), config
-
-
-def _hashable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
-    return value
 
 
 def check_sampling(sampling: SamplingSpec, model_config: Any = None, tokenizer: Any = None) -> None:

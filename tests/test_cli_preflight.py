@@ -302,3 +302,10 @@ def test_clean_removes_what_killed_publishes_left_and_names_a_folder_that_is_no_
     code, err, _ = invoke("clean", tmp_path / "items.csv")  # not a job file
     assert code == EXIT_BAD_JOB and "the job must be a mapping of sections" in err, err
     assert_stops(*invoke("clean", tmp_path)[:2], 4, f"{tmp_path}: not a batchgen output folder (no publications/ in it)")
+
+
+def test_engine_extra_args_holding_a_mapping_pass_to_vllm_unchanged(tmp_path):
+    # vLLM takes some arguments as mappings (hf_overrides, compilation_config): checked as given
+    code, err, report = invoke("check", job_file(tmp_path, engine={"extra_args": {"hf_overrides": {"foo": 1}}}))
+    assert code == 0, err
+    assert report["would_generate"] == 3
