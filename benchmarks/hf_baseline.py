@@ -4,6 +4,10 @@ Run by benchmarks.run as `python -m benchmarks.hf_baseline SPEC.json RESULT.json
 of its own, so that its peak memory (ru_maxrss: the exact peak of this process, which has no
 children) is the footprint of this method alone and not of the vLLM engine beside it.
 
+Where torch sees a CUDA GPU the model runs there in bfloat16 (as vLLM does on GPUs), else on the
+CPU in float32 (vLLM's CPU engine here runs float32 too: no native bf16 on AVX2). The spec's
+"device" ("cuda" or "cpu") overrides the choice.
+
 The spec gives the same prompt token ids the flow builds; they are left-padded by hand
 (pad positions masked out), which is what `tokenizer(..., padding=True)` with
 `padding_side="left"` would do to the same ids.
@@ -34,13 +38,24 @@ def run(spec: dict) -> dict:
 
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
+    device = spec.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.startswith("cuda")
+    dtype = torch.bfloat16 if cuda else torch.float32
     torch.manual_seed(spec["seed"])
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype).to(device)
     model.eval()
+    if cuda:
+        torch.cuda.synchronize()
     load_seconds = time.perf_counter() - started
+
+    def finished() -> float:
+        """perf_counter once the device has finished the work queued so far."""
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
 
     prompts: list[list[int]] = spec["prompts"]
     batch_size = max(1, int(spec["batch_size"]))
@@ -57,17 +72,19 @@ def run(spec: dict) -> dict:
         for start in range(0, len(prompts), batch_size):
             batch = prompts[start:start + batch_size]
             width = max(len(p) for p in batch)
-            ids = torch.tensor([[input_pad] * (width - len(p)) + p for p in batch], dtype=torch.long)
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], dtype=torch.long)
+            ids = torch.tensor([[input_pad] * (width - len(p)) + p for p in batch], dtype=torch.long, device=device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], dtype=torch.long,
+                                device=device)
             t0 = time.perf_counter()
             out = model.generate(
                 input_ids=ids, attention_mask=mask, do_sample=True, temperature=spec["temperature"],
                 top_p=spec["top_p"], top_k=0, max_new_tokens=spec["max_new_tokens"], stop_strings=stop,
                 tokenizer=tokenizer if stop else None, eos_token_id=eos, pad_token_id=SENTINEL_PAD,
             )
-            batch_seconds.append(time.perf_counter() - t0)
+            t1 = finished()
+            batch_seconds.append(t1 - t0)
             if first_result is None:
-                first_result = time.perf_counter() - started
+                first_result = t1 - started
             new = out[:, width:]
             for row in new.tolist():
                 # Generated tokens up to and including the one that ended the row (eos or the
@@ -80,7 +97,7 @@ def run(spec: dict) -> dict:
                     finish["stop"] += 1
                 else:  # (a stop string that ends exactly on the last allowed token counts here too)
                     finish["length"] += 1
-    wall = time.perf_counter() - started
+    wall = finished() - started
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
     return {
         "items": len(prompts),
@@ -95,6 +112,9 @@ def run(spec: dict) -> dict:
         "torch_threads": torch.get_num_threads(),
         "finish": finish,
         "dtype": str(next(model.parameters()).dtype),
+        "device": str(next(model.parameters()).device),
+        # the caching allocator's peak in this process (the whole GPU's use: benchmarks.run's nvidia-smi samples)
+        "torch_peak_gpu_memory_reserved_mb": round(torch.cuda.max_memory_reserved() / 2**20, 1) if cuda else None,
     }
 
 

@@ -9,9 +9,9 @@ when they start (kv_cache_memory_bytes), whatever the item count. What can grow 
 items is batchgen's process, and that is what this measures: the real flow
 (`batch_generation`, under a temporary Prefect server) with the real load, prompt building
 (real tokenizer), GX validation, window staging, publishing and report, with every engine
-call answered in place of vLLM (4 tokens, cut off, as with max_tokens 4). Prints, as one
-JSON line per size: the process's RSS after a warm-up run of 8 items, its peak RSS
-(ru_maxrss) after the measured run, and the run's counts and windows.
+request answered at once in place of vLLM (benchmarks/standin.py: 4 tokens, cut off, as with
+max_tokens 4). Prints, as one JSON line per size: the process's RSS after a warm-up run of 8
+items, its peak RSS (ru_maxrss) after the measured run, and the run's counts and windows.
 """
 
 from __future__ import annotations
@@ -25,22 +25,8 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from types import SimpleNamespace
 
 MAX_TOKENS = 4
-
-
-class StandInLLM:
-    """Answers every request at once with 4 tokens, cut off by max_tokens; holds nothing between calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def generate(self, prompts, params, use_tqdm=False):
-        self.calls += 1
-        return [SimpleNamespace(request_id=str(i), outputs=[SimpleNamespace(
-            index=0, token_ids=[504, 2115, 314, 260], text="The product is a", cumulative_logprob=-3.0,
-            finish_reason="length", stop_reason=None, logprobs=None)]) for i in range(len(prompts))]
 
 
 def measure(n: int) -> dict:
@@ -50,17 +36,19 @@ def measure(n: int) -> dict:
     import psutil
     from prefect.testing.utilities import prefect_test_harness
 
-    import tasks.generate
-    from flows.batch_generation import batch_generation
+    from benchmarks.standin import StandInLLM, install
 
     llm = StandInLLM()
-    tasks.generate.get_engine = lambda spec: SimpleNamespace(llm=llm)
+    install(llm)  # before the flow is imported
+    from flows.batch_generation import batch_generation
+
     work = Path(tempfile.mkdtemp(prefix="batchgen-memory-parts-"))
     proc = psutil.Process()
     with prefect_test_harness(server_startup_timeout=120):
         warm = bench.bench_job(bench.write_products(work / "warm.csv", 8), work / "out-warm", MAX_TOKENS)
         batch_generation(warm)  # one-time costs (imports, GX, Prefect, the tokenizer) before the baseline
-        baseline, llm.calls = proc.memory_info().rss, 0
+        baseline = proc.memory_info().rss
+        llm.reset_counts()
         job = bench.bench_job(bench.write_products(work / "products.csv", n), work / "out", MAX_TOKENS)
         started = time.perf_counter()
         manifest = batch_generation(job)

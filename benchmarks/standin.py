@@ -1,0 +1,169 @@
+"""An engine that answers at once, for measuring the flow's own cost without vLLM's.
+
+`StandInLLM` has the surface of `vllm.LLM` the flow uses: `generate(prompts, params, use_tqdm=False)`,
+`get_tokenizer()`, `reset_prefix_cache()`, and `llm_engine`, whose `add_request`, `step`,
+`has_unfinished_requests`, `get_num_unfinished_requests` and `abort_request` are those of vLLM's
+`LLMEngine`. Every request finishes at once: `generate` returns all its outputs, and `step()`
+returns every pending request as finished. Each completion is `max_tokens` tokens long (the words
+"The product is a", repeated), cut off (`finish_reason` "length").
+
+`install()` makes the flow's generate task use it in place of `batchgen.engine.get_engine`.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+TOKENS = (504, 2115, 314, 260)  # "The product is a" in SmolLM2's vocabulary
+WORDS = ("The", " product", " is", " a")
+DEFAULT_MAX_TOKENS = 16  # SamplingParams' default
+
+
+@functools.lru_cache(maxsize=64)
+def _answer(max_tokens: int) -> tuple[tuple[int, ...], str]:
+    return (tuple(TOKENS[i % len(TOKENS)] for i in range(max_tokens)),
+            "".join(WORDS[i % len(WORDS)] for i in range(max_tokens)))
+
+
+def _params_values(params: Any) -> tuple[int, int]:
+    max_tokens = getattr(params, "max_tokens", None) or DEFAULT_MAX_TOKENS
+    return max(1, int(max_tokens)), max(1, int(getattr(params, "n", 1) or 1))
+
+
+def finished_output(request_id: str, prompt_token_ids: list[int], max_tokens: int, n: int) -> SimpleNamespace:
+    """A RequestOutput-shaped answer: n completions of max_tokens tokens each, cut off by max_tokens."""
+    token_ids, text = _answer(max_tokens)
+    return SimpleNamespace(
+        request_id=request_id, finished=True, prompt_token_ids=prompt_token_ids,
+        outputs=[SimpleNamespace(index=index, token_ids=list(token_ids), text=text,
+                                 cumulative_logprob=-0.5 * max_tokens, finish_reason="length", stop_reason=None,
+                                 logprobs=None)
+                 for index in range(n)])
+
+
+def _prompt_ids(prompt: Any) -> list[int]:
+    if isinstance(prompt, dict):
+        return prompt["prompt_token_ids"]
+    return prompt.prompt_token_ids
+
+
+class StandInEngine:
+    """vLLM's LLMEngine surface: requests go in with add_request, and the next step() returns them all finished."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[str, tuple[list[int], int, int]] = {}  # request id -> (prompt ids, max_tokens, n)
+        self.added = self.steps = self.busy_steps = self.aborted = 0
+
+    def add_request(self, request_id: str, prompt: Any, params: Any, *args: Any, **kwargs: Any) -> str:
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request_id)}")
+        max_tokens, n = _params_values(params)
+        with self._lock:
+            if request_id in self._pending:
+                raise ValueError(f"request {request_id} is already running")
+            self._pending[request_id] = (_prompt_ids(prompt), max_tokens, n)
+            self.added += 1
+        return request_id
+
+    def step(self) -> list[SimpleNamespace]:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            self.steps += 1
+            self.busy_steps += bool(pending)
+        return [finished_output(rid, ids, max_tokens, n) for rid, (ids, max_tokens, n) in pending.items()]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._pending)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._pending)
+
+    def abort_request(self, request_ids: Any, internal: bool = False) -> None:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        with self._lock:
+            for rid in ids:
+                if self._pending.pop(rid, None) is not None:
+                    self.aborted += 1
+
+
+class StandInLLM:
+    """vllm.LLM's surface used by the flow; holds nothing between calls."""
+
+    def __init__(self) -> None:
+        self.llm_engine = StandInEngine()
+        self.generate_calls = 0
+        self._ids = itertools.count()
+
+    @property
+    def calls(self) -> int:
+        """Engine calls that answered something: generate calls and steps that returned outputs."""
+        return self.generate_calls + self.llm_engine.busy_steps
+
+    def reset_counts(self) -> None:
+        self.generate_calls = 0
+        engine = self.llm_engine
+        engine.added = engine.steps = engine.busy_steps = engine.aborted = 0
+
+    def generate(self, prompts: Any, sampling_params: Any = None, use_tqdm: Any = False, **kwargs: Any) -> list:
+        self.generate_calls += 1
+        prompts = [prompts] if isinstance(prompts, dict) else list(prompts)
+        params = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(prompts)
+        return [finished_output(str(next(self._ids)), _prompt_ids(prompt), *_params_values(p))
+                for prompt, p in zip(prompts, params)]
+
+    def get_tokenizer(self) -> Any:
+        from batchgen.models import default_model_path
+
+        return _tokenizer(str(default_model_path()))
+
+    def reset_prefix_cache(self) -> bool:
+        return True
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def standin_engine(llm: StandInLLM) -> SimpleNamespace:
+    """What batchgen.engine.get_engine returns (llm, model, args, max_model_len, load_seconds, stream), around llm.
+
+    `stream` is batchgen.stream.EngineStream over the stand-in's llm_engine where that module exists; without
+    it the flow calls llm.generate, and the object carries no stream."""
+    from batchgen.engine import engine_args, on_cpu
+    from batchgen.job import EngineSpec
+    from batchgen.models import model_max_len, resolve_model
+
+    model = resolve_model(None)
+    engine = SimpleNamespace(llm=llm, model=model, args=engine_args(EngineSpec(), model, on_cpu()),
+                             max_model_len=model_max_len(model.path) or 2048, load_seconds=0.0)
+    try:
+        from batchgen.stream import EngineStream
+    except ImportError:
+        return engine
+    engine.stream = EngineStream(llm.llm_engine)
+    return engine
+
+
+def install(llm: StandInLLM) -> SimpleNamespace:
+    """Make every engine the flow asks for the stand-in: `get_engine` of batchgen.engine (for modules that
+    import it later) and of tasks.generate (which imported it already). Call before importing the flow."""
+    import batchgen.engine
+
+    engine = standin_engine(llm)
+
+    def get_engine(spec: Any) -> SimpleNamespace:
+        return engine
+
+    batchgen.engine.get_engine = get_engine
+    import tasks.generate
+
+    tasks.generate.get_engine = get_engine
+    return engine
