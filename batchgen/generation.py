@@ -223,6 +223,7 @@ def engine_requests(pending: list[tuple[str, GenRequest]], base: dict[str, Any])
     """vLLM prompts and SamplingParams for the pending requests; requests with the same budget share one
     SamplingParams (vLLM copies it per request), since building one costs more than the rest of a request."""
     from vllm import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
 
     shared: dict[tuple, Any] = {}
     prompts, params = [], []
@@ -231,6 +232,9 @@ def engine_requests(pending: list[tuple[str, GenRequest]], base: dict[str, Any])
         marker = (kwargs["max_tokens"], kwargs["n"], kwargs["min_tokens"], kwargs.get("temperature"))
         if marker not in shared:
             shared[marker] = sampling_params(kwargs)
+            # One output per request, when it is done (as LLM.generate asks): all n completions together, and no
+            # output objects built at every step for requests still running.
+            shared[marker].output_kind = RequestOutputKind.FINAL_ONLY
         prompts.append(TokensPrompt(prompt_token_ids=request.prompt_token_ids + request.prefix_token_ids))
         params.append(shared[marker])
     return prompts, params

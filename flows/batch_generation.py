@@ -28,9 +28,10 @@ from batchgen.generation import first_pass_requests
 from batchgen.items import LoadedItems
 from batchgen.job import JobSpec, load_job, parse_overrides, job_from_dict
 from batchgen.manifest import add_tallies
-from batchgen.publish import open_publication
+from batchgen.publish import discard, open_publication
 from batchgen.schema import frame_input_codec
 from expectations.validate import merge_results
+from tasks.check import check_job_task
 from tasks.generate import Generated, generate_task, start_engine, store_for
 from tasks.load import load_items_task
 from tasks.prompts import build_prompts_task
@@ -93,6 +94,7 @@ def batch_generation(
         print(f"sampling: {note}")
 
     with run.clock("load_and_prompts"):
+        check_job_task(spec)  # a job mistake stops here, before the engine starts
         loaded = load_items_task(spec)
         keywords = (loaded.items.set_index("item_id")[spec.expectations.keyword_column].astype("string")
                     if spec.expectations.keyword_column else None)
@@ -123,6 +125,8 @@ def batch_generation(
         except BaseException:
             for future in futures:
                 future.cancel()
+            pool.shutdown(wait=True)
+            discard(staging)  # its copy of the data goes now, not when a later run cleans up
             raise
 
     run.stop_clock()

@@ -70,7 +70,9 @@ def test_small_budget_is_retried_and_every_item_is_published_once(tmp_path, pref
     assert attempts["request_id"].notna().all()
     assert (attempts["prompt_token_ids"].map(len) == attempts["n_prompt_tokens"]).all()
     assert (attempts["token_ids"].map(len) == attempts["n_output_tokens"]).all()
-    assert attempts["cumulative_logprob"].notna().all() and (attempts["cumulative_logprob"] <= 0).all()
+    # One candidate per item and nothing ranks by it: the engine was not asked for logprobs, which cost
+    # throughput (candidates ranked by cumulative_logprob: tests/e2e/test_sampling_engine.py).
+    assert attempts["cumulative_logprob"].isna().all()
     assert attempts["prompt"].str.contains("<|im_start|>user", regex=False).all()
 
     # Parquet and JSONL agree; the manifest records what ran.

@@ -61,8 +61,10 @@ def test_n_candidates_selection_and_best_of_on_the_same_candidates(tmp_path, pre
                      pd.read_csv(tmp_path / "products.csv", dtype=str)["name"]))
     attempts, results, rejected = read(out, "attempts"), read(out, "results"), read(out, "rejected")
 
-    # Every candidate is generated, validated and kept: 3 per item on the first pass, each with a verdict.
+    # Every candidate is generated, validated and kept: 3 per item on the first pass, each with a verdict, and
+    # its cumulative_logprob (asked of the engine since n > 1 candidates are ranked by it).
     first_pass = attempts[attempts["attempt"] == 1]
+    assert attempts["cumulative_logprob"].notna().all() and (attempts["cumulative_logprob"] <= 0).all()
     assert first_pass.groupby("item_id")["candidate"].apply(sorted).tolist() == [[0, 1, 2]] * 6
     assert attempts["passed"].notna().all()
     assert (attempts["passed"] == attempts["failed"].map(len).eq(0)).all()
