@@ -214,10 +214,13 @@ class RunTotals:
     def timings(self) -> dict[str, float]:
         """The manifest's timings_seconds. generate: from the first request entering the engine to the last
         output; engine_calls: the tasks' time in the engine, summed, at most generate (windows overlap);
-        first_output: from the flow's start to the first committed output."""
+        first_request / first_output: from the flow's start to the first request entering the engine / the first
+        committed output."""
         span = (self.last_output - self.first_added) if self.first_added is not None else 0.0
         timings = {**self.seconds, "generate": span, "engine_calls": min(self.engine_seconds, span),
                    "total_before_publish": (self.before_publish or time.perf_counter()) - self.started}
+        if self.first_added is not None:
+            timings["first_request"] = self.first_added - self.started
         if self.first_commit is not None:
             timings["first_output"] = self.first_commit - self.started
         return timings
