@@ -269,3 +269,34 @@ def test_overlapping_windows_feed_one_engine_and_publish_each_item_once(tmp_path
     assert sorted(results["item_id"]) == [f"p{i:05d}" for i in range(1, 31)]  # every item once
     assert not attempts.duplicated(["item_id", "candidate", "attempt"]).any() and len(attempts) == 60
     assert len(sequential_attempts) == 60
+
+
+def test_a_job_mistake_stops_the_flow_in_its_first_task_before_any_engine(tmp_path, prefect_server, stand_in):
+    """A deployment or UI run does not go through `batchgen run`'s checks: the flow's check-job task stops it."""
+    from batchgen.job import JobError
+    from flows.batch_generation import batch_generation
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the output folder should be", encoding="utf-8")
+    job = job_from_dict(product_job(tmp_path, 4, output={"dir": str(blocker)}))
+    with pytest.raises(JobError, match="output.dir: .* is a file, not a folder"):
+        batch_generation.with_options(retries=0)(job)
+    assert stand_in.calls == []  # nothing was generated
+
+
+class AlwaysFailing(StandInLLM):
+    def generate(self, prompts, params, use_tqdm=False):
+        raise RuntimeError("engine died (stand-in)")
+
+
+def test_a_failed_run_leaves_no_staged_copy_of_the_data(tmp_path, prefect_server, monkeypatch):
+    from flows.batch_generation import batch_generation
+
+    engine = stand_in_engine(AlwaysFailing())
+    monkeypatch.setattr("tasks.generate.get_engine", lambda spec: engine)
+    job = job_from_dict(product_job(tmp_path, 6, expectations={"keyword_column": None}, retry={"max_passes": 0}))
+    with pytest.raises(Exception, match="engine died"):
+        batch_generation.with_options(retries=0)(job)
+    out = tmp_path / "out"
+    assert not (out / "current").exists()
+    assert not (out / "publications").exists() or not any((out / "publications").iterdir())
