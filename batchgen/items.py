@@ -316,6 +316,35 @@ def _unique_labels(rejected: list[Rejection], ids: Collection[str]) -> None:
         taken.add(label)
 
 
+# The last load of this process, kept for the next load of the same unchanged file: `batchgen run` checks every
+# row before the flow starts, and the flow's load-items task then takes that load instead of parsing again.
+_LAST: tuple[tuple, LoadedItems] | None = None
+
+
+def _load_key(spec: InputSpec) -> tuple | None:
+    try:
+        stat = Path(spec.path).stat()
+    except OSError:
+        return None
+    return (str(Path(spec.path).resolve()), stat.st_size, stat.st_mtime_ns, spec.format, spec.id_column, spec.limit)
+
+
+def keep_for_next_load(spec: InputSpec, loaded: LoadedItems) -> None:
+    """Keep a load for the next `take_kept_load` of the same unchanged file (one, held until then)."""
+    global _LAST
+    key = _load_key(spec)
+    _LAST = (key, loaded) if key is not None else None
+
+
+def take_kept_load(spec: InputSpec) -> LoadedItems | None:
+    """The kept load of this file, if it has not changed since (given once), else None."""
+    global _LAST
+    if _LAST is None or _LAST[0] != _load_key(spec):
+        return None
+    loaded, _LAST = _LAST[1], None
+    return loaded
+
+
 def load_items(spec: InputSpec) -> LoadedItems:
     """Read the input file and give every row a stable item id; unusable rows become rejections."""
     path = Path(spec.path)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgen.items import DataError, LoadedItems, load_items
+from batchgen.items import DataError, LoadedItems, keep_for_next_load, load_items
 from batchgen.job import EngineSpec, JobError, JobSpec, OutputSpec, SamplingSpec
 from batchgen.models import ModelError, ModelRef
 from batchgen.overrides import apply_overrides, check_override_columns
@@ -133,6 +133,8 @@ def preflight(spec: JobSpec, model: bool = True) -> Checked | None:
     """
     check_output_dir(spec.output)
     loaded = load_items(spec.input)
+    if model:  # `batchgen run`: its load-items task takes this load instead of parsing the file again
+        keep_for_next_load(spec.input, loaded)
     if spec.input.shard_count is not None:
         from batchgen.shards import select_shard
 

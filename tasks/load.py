@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from batchgen.items import LoadedItems, load_items
+from batchgen.items import LoadedItems, load_items, take_kept_load
 from batchgen.job import JobSpec
 from batchgen.shards import select_shard
 
@@ -13,8 +13,11 @@ from batchgen.shards import select_shard
 # Inputs are files that may change under the same path: never served from a cache.
 @task(name="load-items", cache_policy=NO_CACHE)
 def load_items_task(job: JobSpec) -> LoadedItems:
-    """Read the input file; unusable rows become rejections."""
-    loaded = load_items(job.input)
+    """Read the input file; unusable rows become rejections. After `batchgen run`'s checks, their load of the
+    same unchanged file is taken instead of parsing it again."""
+    loaded = take_kept_load(job.input)
+    if loaded is None:
+        loaded = load_items(job.input)
     shard = ""
     if job.input.shard_count is not None:
         loaded = select_shard(loaded, job.input.shard_index, job.input.shard_count)

@@ -382,3 +382,25 @@ def test_csv_cell_longer_than_pythons_field_limit_loads(tmp_path):
     path.write_text(f"product_id,name\np1,{'x' * 200_000}\np2,Lamp\n", encoding="utf-8")
     loaded = load_items(InputSpec(path=str(path), id_column="product_id"))
     assert [len(name) for name in loaded.items["name"]] == [200_000, 4]
+
+
+def test_a_checked_load_is_taken_once_by_the_next_load_of_the_unchanged_file(tmp_path):
+    """`batchgen run` parses the input once: its checks keep their load, the flow's load-items task takes it."""
+    import os
+
+    from batchgen.items import keep_for_next_load, load_items, take_kept_load
+    from batchgen.job import InputSpec
+
+    path = tmp_path / "items.csv"
+    path.write_text("id,q\na,first\nb,second\n", encoding="utf-8")
+    spec = InputSpec(path=str(path), id_column="id")
+    loaded = load_items(spec)
+    keep_for_next_load(spec, loaded)
+    assert take_kept_load(InputSpec(path=str(path), id_column="id", limit=1)) is None  # another load
+    assert take_kept_load(spec) is loaded
+    assert take_kept_load(spec) is None  # given once
+
+    keep_for_next_load(spec, loaded)
+    path.write_text("id,q\na,changed\n", encoding="utf-8")
+    os.utime(path, ns=(1, 1))
+    assert take_kept_load(spec) is None  # the file changed since
