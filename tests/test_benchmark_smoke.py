@@ -86,3 +86,14 @@ def test_pipeline_only_benchmark_reports_items_per_second_and_publishes_every_it
     assert published["accepted_rows"] + published["rejected_rows"] == 50 and published["distinct_item_ids"] == 50
     assert figures["engine"]["calls"] >= 1 and figures["peak_rss_during_run_mb"] >= figures["rss_after_warm_up_mb"] > 0
     assert "| 50 |" in (out / "latest.md").read_text(encoding="utf-8")
+
+
+def test_load_benchmark_reads_every_row_and_stops_at_the_limit(tmp_path):
+    for extra, items in (([], 300), (["--limit", "20"], 20), (["--hashed"], 300)):
+        out = tmp_path / f"load{len(extra)}.json"
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.load_input", "300", "--out", str(out), *extra],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        figures = json.loads(out.read_text(encoding="utf-8"))
+        assert (figures["items"], figures["rejected"]) == (items, 0)
+        assert figures["peak_rss_mb"] >= figures["rss_before_load_mb"] > 0 and figures["load_seconds"] >= 0
