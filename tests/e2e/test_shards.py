@@ -126,8 +126,11 @@ def test_two_shards_run_at_once_and_a_killed_worker_s_shard_is_rerun_without_los
     out = tmp_path / "out"
     index, size = _largest_shard()
     assert size >= 4, "the test needs a shard with chunks left to generate when it is killed"
+    # One sequence at a time and a commit per output, so that the shard's commits land one by one and it can be
+    # killed half-way (fed all at once, its requests would finish together); the rerun resumes the first pass,
+    # no retry pass needed.
     proc = run_sharded(server, out, "--set", "sampling.max_tokens=24", "--set", "chunk_size=1",
-                       "--set", "retry.max_passes=0")  # the rerun resumes the first pass; no retry pass needed
+                       "--set", "engine.max_num_seqs=1", "--set", "retry.max_passes=0")
     shard, run_id = _running_shard(server, out, index, size)
     victim = next(name for name in workers
                   if f"submitting flow run '{run_id}'" in (ARTIFACTS / f"{name}.log").read_text(errors="replace"))
