@@ -50,11 +50,12 @@ def check_exactly_once(out: Path, ids: list[str]) -> None:
 
 
 def crash_job(tmp_path: Path) -> dict:
-    # Commits of 8 outputs each (never by time: commit_seconds out of reach), so that they land early and each
-    # holds 8; no retries so the work is one pass. The engine runs in processes of its own (as on GPUs), so that
-    # one of them can die while the run goes on.
+    # Commits of 8 outputs each (never by time: commit_seconds out of reach), and 4 sequences at a time, so that
+    # commits land one after another while most of the work is still to do (fed all at once, the 40 requests
+    # would finish together); no retries so the work is one pass. The engine runs in processes of its own (as on
+    # GPUs), so that one of them can die while the run goes on.
     return product_job(tmp_path, 40, sampling={"max_tokens": 32}, retry={"max_passes": 0}, chunk_size=8,
-                       commit_seconds=3600, engine={"multiprocessing": True})
+                       commit_seconds=3600, engine={"multiprocessing": True, "max_num_seqs": 4})
 
 
 def engine_core_processes(root: psutil.Process) -> list[psutil.Process]:
