@@ -17,7 +17,6 @@ from __future__ import annotations
 import csv
 import errno
 import hashlib
-import io
 import json
 import math
 import os
