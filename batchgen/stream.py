@@ -215,7 +215,11 @@ class EngineStream:
                 self._route(outputs)
 
     def _handle(self, message: _Message) -> bool:
-        if message.kind == "stop":
+        if message.kind == "stop":  # whoever still waits hears that the engine is gone, rather than waiting on
+            closed = StreamError("the engine was shut down")
+            with self._lock:
+                self._error = closed
+            self._fail_all(closed)
             return False
         if message.kind == "add":
             self._adding.append((message.submission, 0))

@@ -120,3 +120,13 @@ def test_a_call_runs_on_the_stream_thread_only_when_the_engine_is_idle():
         stream.call(lambda: (_ for _ in ()).throw(ValueError("boom")))
     assert stream.alive  # a failing call is the caller's error, not the engine's
     stream.close()
+
+
+def test_closing_the_stream_fails_its_waiting_submitters_instead_of_leaving_them_waiting():
+    core = SlowCore(per_step=1, seconds=0.05)
+    stream = EngineStream(core)
+    submission = stream.submit(prompts(0, 50), [None] * 50)
+    stream.close()
+    with pytest.raises(StreamError, match="shut down"):
+        list(submission)
+    assert not stream.alive
