@@ -159,6 +159,22 @@ def render_markdown(result: dict[str, Any]) -> str:
     for max_tokens, case in (result.get("other_max_tokens") or {}).items():
         lines += render_case(case, config, heading=f"max_tokens {max_tokens}: ")
 
+    top_size = result["sizes"][str(result["largest_size"])]
+    with_retries = top_size.get("with_retries")
+    if with_retries:
+        lines += [
+            "## The whole job with retries on, against raw vLLM's first pass",
+            "",
+            f"The flow on {result['largest_size']:,} items at max_tokens {config['sampling']['max_tokens']} with the "
+            f"example job's retry passes ({with_retries['retry']}): first pass, retries, validation and publishing, "
+            f"{_num(with_retries['job_wall_seconds'])} s with {with_retries['retry_attempts']} retry attempts "
+            f"({with_retries['accepted']:,} accepted, {with_retries['rejected']:,} rejected); raw vLLM's one "
+            f"`LLM.generate` call, retries off: {_num(with_retries['raw_first_pass_seconds'])} s. "
+            f"`ratio_job_with_retries_vs_raw_first_pass` = raw / job = "
+            f"**{_num(with_retries['ratio_job_with_retries_vs_raw_first_pass'], 3)}** (target: at least 1/1.10 = 0.909).",
+            "",
+        ]
+
     retry = result.get("retry_strategies")
     if retry:
         lines += [

@@ -78,6 +78,7 @@ class Config:
     memory_sizes: list[int]
     memory_max_tokens: int
     pipeline_sizes: list[int] = field(default_factory=list)
+    with_retries: bool = False
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="batchgen-bench-")))
 
     @property
@@ -126,6 +127,10 @@ def parse_args(argv: list[str] | None) -> Config:
     parser.add_argument("--pipeline-sizes", nargs="+",
                         help="also run benchmarks.pipeline_only at these item counts (the flow with the engine "
                              "stood in) after the rest; its items/s goes to the top level as pipeline_items_per_s")
+    parser.add_argument("--with-retries", action="store_true",
+                        help="also run the flow at the largest size and the headline max_tokens with the example "
+                             "job's retry passes on, and compare the whole job with raw vLLM's first pass alone "
+                             "(ratio_job_with_retries_vs_raw_first_pass)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes (8 items, max_tokens 8, loop 4, HF 4 on one thread, retries on 4 items, "
                              "no warm-up flow run): a plumbing check, not a measurement")
@@ -146,7 +151,8 @@ def parse_args(argv: list[str] | None) -> Config:
                     retry_items=pick("retry_items"), retry_max_tokens=pick("retry_max_tokens"),
                     retry_passes=base["retry_passes"], memory=args.memory, memory_sizes=memory_sizes,
                     memory_max_tokens=base["memory_max_tokens"],
-                    pipeline_sizes=_int_list(args.pipeline_sizes) if args.pipeline_sizes else [])
+                    pipeline_sizes=_int_list(args.pipeline_sizes) if args.pipeline_sizes else [],
+                    with_retries=args.with_retries)
     if min(config.max_tokens_list) < 1:
         parser.error("--max-tokens must be at least 1")
     for name in ("serial_items", "hf_items", "hf_batch_size", "retry_items", "retry_max_tokens"):
@@ -520,6 +526,27 @@ def first_results(timings: dict[str, float], body_started: float, called_at: flo
                                           "generation": f"{output_basis} minus {request_basis}"}
 
 
+def run_with_retries(cfg: Config, llm: Any, products: Path, n: int, max_tokens: int, raw: dict[str, Any],
+                     memory: TreeMemory) -> dict[str, Any]:
+    """The whole job with the example job's retry passes on (first pass, retries, validation, publish), against raw
+    vLLM's first pass alone (one LLM.generate call, retries off): the target is a ratio of at least 1/1.10."""
+    import yaml
+
+    retry = yaml.safe_load(JOB_FILE.read_text(encoding="utf-8"))["retry"]
+    log(f"(a') the flow on {n} items, max_tokens {max_tokens}, with retries {retry}")
+    cold_prefix_cache(llm)
+    run = run_flow(bench_job(products, cfg.work / f"out-{n}-{max_tokens}-retries", max_tokens, retry=retry), memory)
+    counts, flow = run["manifest"]["counts"], run["flow"]
+    ratio_job = ratio(raw["wall_seconds"], flow["wall_seconds"])
+    log(f"with retries: job {flow['wall_seconds']} s against raw first pass {raw['wall_seconds']} s "
+        f"(raw/job {ratio_job}); {counts.get('retry_attempts')} retry attempts")
+    return {"retry": retry, "job_wall_seconds": flow["wall_seconds"], "raw_first_pass_seconds": raw["wall_seconds"],
+            "ratio_job_with_retries_vs_raw_first_pass": ratio_job, "output_tokens": flow["output_tokens"],
+            "retry_attempts": counts.get("retry_attempts"), "accepted": counts["accepted"],
+            "rejected": counts["rejected"], "rejected_by_reason": counts["rejected_by_reason"],
+            "generate_seconds": run["manifest"]["timings_seconds"]["generate"]}
+
+
 def counts_by(frame: Any, column: str) -> dict[str, int]:
     return {str(k): int(v) for k, v in frame[column].value_counts().sort_index().items()}
 
@@ -726,6 +753,12 @@ def measure_case(cfg: Config, llm: Any, max_tokens: int, params: Any, csvs: dict
         }
         log(f"{n} items, max_tokens {max_tokens}: flow {flow['output_tokens_per_second']} tok/s, raw "
             f"{raw['output_tokens_per_second']} tok/s, ratio {sizes[str(n)]['ratio_flow_vs_raw']}")
+        if cfg.with_retries and n == max(cfg.sizes) and max_tokens == cfg.max_tokens:
+            try:
+                sizes[str(n)]["with_retries"] = run_with_retries(cfg, llm, csvs[n], n, max_tokens, raw, memory)
+            except Exception as exc:  # noqa: BLE001 - the other figures of the run still count
+                log(f"WARNING: the run with retries failed: {exc!r}")
+                sizes[str(n)]["with_retries_error"] = repr(exc)
     top = sizes[str(max(cfg.sizes))]
     case = {
         "max_tokens": max_tokens,
@@ -738,6 +771,8 @@ def measure_case(cfg: Config, llm: Any, max_tokens: int, params: Any, csvs: dict
         "pipeline_overhead_per_item_ms_without_report": top["pipeline_overhead"]["per_item_ms_without_report"],
         "report_build_seconds": top["pipeline_overhead"]["report_build_seconds"],
         "pipeline_overhead_marginal": marginal_overhead(sizes),
+        "ratio_job_with_retries_vs_raw_first_pass": (top.get("with_retries") or {}).get(
+            "ratio_job_with_retries_vs_raw_first_pass"),
     }
     return case, identical
 
@@ -829,7 +864,8 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
         "prompts_identical": identical,
         **{k: headline[k] for k in ("serial_loop", "hf_static", "sizes", "largest_size", *RATIO_KEYS,
                                     "pipeline_overhead_per_item_ms", "pipeline_overhead_per_item_ms_without_report",
-                                    "report_build_seconds", "pipeline_overhead_marginal")},
+                                    "report_build_seconds", "pipeline_overhead_marginal",
+                                    "ratio_job_with_retries_vs_raw_first_pass")},
         "pipeline_items_per_s": None,
         "retry_strategies": retry,
     })
