@@ -6,6 +6,7 @@ Code imports `vllm` only. On GPU machines that is the `vllm` package, on CPU mac
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -150,7 +151,21 @@ def get_engine(spec: EngineSpec) -> Engine:
                         load_seconds=time.perf_counter() - started)
         log.info("engine ready in %.1f s (max_model_len %d)", engine.load_seconds, max_len)
         _ENGINES[key] = engine
+        _stop_at_exit()
         return engine
+
+
+_EXIT_HOOK = []
+
+
+def _stop_at_exit() -> None:
+    """Stop this process's engines when it exits, before multiprocessing's own exit hook runs (atexit runs its
+    hooks last registered first, and multiprocessing registered its hook when vLLM imported it). vLLM's engine
+    processes are not daemons and are stopped by weakref finalizers that may run after that hook, which joins
+    them: without this a `batchgen run` with engine processes (every GPU run) finished its work, then waited forever
+    at exit."""
+    if not _EXIT_HOOK:
+        _EXIT_HOOK.append(atexit.register(shutdown_all))
 
 
 def start_in_background(spec: EngineSpec, build_engine: Any = None) -> threading.Thread:

@@ -62,13 +62,27 @@ def batch_lines(job_path: Path, model: str, max_tokens: int) -> list[dict[str, A
     return lines
 
 
-def timed(command: list[str], log: Path) -> float:
+def timed(command: list[str], log: Path, published: Path | None = None, exit_grace: float = 60.0) -> float:
+    """Seconds from start to exit. With `published` (a file the run writes last): a process still running
+    `exit_grace` s after that file appeared is killed and the run fails, saying so (a run that never exits is
+    no figure)."""
     started = time.perf_counter()
+    seen_at = None
     with open(log, "w") as handle:
-        done = subprocess.run(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, env=os.environ.copy())
+        process = subprocess.Popen(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, env=os.environ.copy())
+        while process.poll() is None:
+            time.sleep(0.2)
+            if published is not None and seen_at is None and published.exists():
+                seen_at = time.perf_counter()
+            if seen_at is not None and time.perf_counter() - seen_at > exit_grace:
+                process.kill()
+                process.wait()
+                raise SystemExit(f"{' '.join(command[:4])} ... published {published} "
+                                 f"{seen_at - started:.1f} s after its start, then had not exited {exit_grace:.0f} s "
+                                 f"later: killed\n{log.read_text()[-3000:]}")
     seconds = time.perf_counter() - started
-    if done.returncode:
-        raise SystemExit(f"{' '.join(command[:4])} ... failed ({done.returncode}):\n{log.read_text()[-3000:]}")
+    if process.returncode:
+        raise SystemExit(f"{' '.join(command[:4])} ... failed ({process.returncode}):\n{log.read_text()[-3000:]}")
     return seconds
 
 
@@ -125,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             "run_batch": round(timed(run_batch_command(model, warm_requests, warm / "results.jsonl", args.vllm_arg),
                                      args.out / "warm_run_batch.log"), 2),
             "batchgen": round(timed([sys.executable, "-m", "batchgen.cli", "run", str(warm_job)],
-                                    args.out / "warm_batchgen.log"), 2)}
+                                    args.out / "warm_batchgen.log", warm / "out" / "current" / "manifest.json"), 2)}
     print(f"[compare] vllm run-batch on {args.items} lines", flush=True)
     results = work / "results.jsonl"
     figures["run_batch_seconds"] = round(timed(run_batch_command(model, requests, results, args.vllm_arg),
@@ -147,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"[compare] batchgen run on {args.items} items", flush=True)
     figures["batchgen_seconds"] = round(timed([sys.executable, "-m", "batchgen.cli", "run", str(job)],
-                                              args.out / "batchgen.log"), 2)
+                                              args.out / "batchgen.log", work / "out" / "current" / "manifest.json"), 2)
     manifest = json.loads((work / "out" / "current" / "manifest.json").read_text(encoding="utf-8"))
     figures["batchgen_counts"] = manifest["counts"]
     figures["batchgen_timings_seconds"] = manifest["timings_seconds"]
