@@ -2,21 +2,38 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
+import yaml
 
-from tests.conftest import product_job
-from tests.e2e.test_crash_recovery import start_run
+from tests.conftest import ROOT, product_job
 
 pytestmark = pytest.mark.engine
+
+
+# vLLM's engine processes are not daemons; vLLM stops them with weakref finalizers, whose exit hook Python registers
+# when the first finalizer of the process is made. On the H200 host that came before multiprocessing registered its
+# own exit hook, which then ran first and joined the engine processes forever. This prelude makes the same order
+# on any machine (on this CPU's Python 3.11 it came the other way round by itself).
+PRELUDE = ("import weakref, runpy, sys; weakref.finalize(sys, int); sys.argv[0] = 'batchgen'; "
+           "runpy.run_module('batchgen.cli', run_name='__main__')")
 
 
 def test_run_with_engine_processes_exits_once_published(tmp_path):
     # A fresh output folder: the engine starts in the background while the prompts are built, as on a first run.
     job = product_job(tmp_path, 4, sampling={"max_tokens": 8}, retry={"max_passes": 0},
                       engine={"multiprocessing": True})
-    process, log = start_run(tmp_path, job)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job), encoding="utf-8")
+    log = tmp_path / "run.log"
+    with open(log, "w") as handle:
+        process = subprocess.Popen([sys.executable, "-c", PRELUDE, "run", str(path)], cwd=ROOT,
+                                   env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")},
+                                   stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
     manifest = tmp_path / "out" / "current" / "manifest.json"
     deadline = time.monotonic() + 600
     while not manifest.exists():
@@ -25,8 +42,8 @@ def test_run_with_engine_processes_exits_once_published(tmp_path):
         time.sleep(0.5)
     try:
         code = process.wait(timeout=120)
-    except Exception:
-        process.kill()
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
         raise AssertionError("the run published its output but its process had not exited 120 s later "
                              f"(vLLM's engine processes left running):\n{log.read_text()[-3000:]}") from None
     assert code == 0, log.read_text()[-3000:]
