@@ -310,12 +310,16 @@ def deploy(
     the same files (one machine, or a shared folder).
     """
     _quiet_libraries(False)
-    spec = _load(job, limit, set_)
-    _preflight(spec, model=False)
     if cron is not None and interval is not None:
         _fail(EXIT_BAD_JOB, "--cron and --interval: give one schedule")
-    from deployments.register import DeployError, deploy_job
+    from deployments.register import DeployError, deploy_job, server_api_url
 
+    spec = _load(job, limit, set_)
+    try:
+        server_api_url()  # before the slower checks: without a server there is nothing to deploy to
+    except DeployError as exc:
+        _fail(EXIT_RUN_FAILED, str(exc))
+    _preflight(spec, model=False)
     try:
         deployed = deploy_job(job.resolve(), name or spec.name, pool=pool, cron=cron, interval=interval,
                               timezone=timezone, limit=limit, overrides=list(set_ or []), description=spec.name)
