@@ -23,7 +23,8 @@ from batchgen.job import JobSpec
 
 REFERENCE_PATH = Path("docs") / "job-reference.md"
 SCHEMA_PATH = Path("docs") / "job.schema.json"
-REGENERATE = "batchgen schema --markdown -o docs/job-reference.md && batchgen schema -o docs/job.schema.json"
+REGENERATE = ("`make reference` (or `batchgen schema --markdown -o docs/job-reference.md` and "
+              "`batchgen schema -o docs/job.schema.json`)")
 SECTION_ORDER = ("input", "prompt", "engine", "sampling", "expectations", "retry", "output")
 STARTER_MAX_TOKENS = 128
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -133,7 +134,7 @@ def reference_markdown() -> str:
     lines = [
         "# Job file reference",
         "",
-        f"<!-- Generated from batchgen/job.py by `{REGENERATE}`; do not edit by hand. -->",
+        f"<!-- Generated from batchgen/job.py by {REGENERATE}; do not edit by hand. -->",
         "",
         "A job is one YAML file. The sections " + ", ".join(sections) + " are required, and in them "
         + ", ".join(required) + ", and in `prompt` either `template` or `messages_column`; every other field "

@@ -22,13 +22,13 @@ EXAMPLES = [ROOT / "examples" / "product_descriptions.yaml", ROOT / "examples" /
 def test_the_committed_job_reference_is_the_generated_one():
     committed = (ROOT / REFERENCE_PATH).read_text(encoding="utf-8")
     assert committed == reference_markdown(), (
-        f"{REFERENCE_PATH} is out of date with batchgen/job.py: run `{REGENERATE}` and commit the result")
+        f"{REFERENCE_PATH} is out of date with batchgen/job.py: run {REGENERATE} and commit the result")
 
 
 def test_the_committed_json_schema_is_the_generated_one():
     committed = (ROOT / SCHEMA_PATH).read_text(encoding="utf-8")
     assert committed == schema_text(), (
-        f"{SCHEMA_PATH} is out of date with batchgen/job.py: run `{REGENERATE}` and commit the result")
+        f"{SCHEMA_PATH} is out of date with batchgen/job.py: run {REGENERATE} and commit the result")
 
 
 def test_every_job_field_has_a_description():
