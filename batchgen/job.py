@@ -341,7 +341,7 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
         where = ".".join(str(part) for part in err["loc"]) or "(top level)"
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            message = "unknown field (check the spelling; see the README for the job file fields)"
+            message = "unknown field (check the spelling; docs/job-reference.md lists every field)"
         elif err["type"] == "missing":
             message = "required field is missing"
         lines.append(f"  {where}: {message}")

@@ -2,7 +2,8 @@
 
 One server for the module, on a free (so non-default) port: its UI must talk to its own API, `batchgen deploy`
 registers a deployment of a job file of the test's own, the UI's Custom run form shows that deployment's
-parameters as typed fields, and one run of it on a real process worker and the real engine publishes the job.
+parameters as typed fields and, filled in headless Chromium, creates a run, which a real process worker runs on
+the real engine.
 """
 
 from __future__ import annotations
@@ -134,33 +135,63 @@ def test_the_server_refuses_a_run_outside_the_bounds(server, deployed):
     assert "limit" in refused.value.response.text
 
 
-def test_the_browser_shows_the_deployment_and_its_form(server, deployed):
+def _set_field(page, name: str, kind: str, value: str) -> None:
+    """Fill one optional field of Prefect's run form: switch it from None to its type, then type the value."""
+    field = page.locator(".p-label").filter(has_text=f"{name} (Optional)")
+    field.get_by_role("button", name=kind, exact=True).click()
+    field.locator("input, textarea").first.fill(value)
+
+
+@pytest.fixture(scope="module")
+def form_run(server, deployed, tmp_path_factory):
+    """A run created the way a user does it: the deployments list, then Custom run's form, filled and submitted."""
     from tests.browser import browser_page, open_page, screenshot
 
     _, deployment = deployed
+    out = tmp_path_factory.mktemp("form-run") / "out"
     with browser_page() as page:
         try:
             # The deployments list comes from the API: it shows only when the UI talks to this server.
             open_page(page, f"{server.url}/deployments", wait_for_text=NAME, timeout_ms=90_000)
+            assert "Can't connect" not in page.inner_text("body")
             open_page(page, f"{server.url}/deployments/deployment/{deployment.id}/run", wait_for_text="max_tokens",
                       timeout_ms=90_000)
             for text in ("Only the first N input rows.", "Sampling temperature (sampling.temperature)",
                          "The job file (YAML)"):
                 page.get_by_text(text).first.wait_for(timeout=30_000)
-            body = page.inner_text("body")
-            assert "Can't connect" not in body and "JobSpec" not in body
-            assert page.locator("textarea").first.input_value() == deployment.parameters["job"]
-        finally:
+            form = page.inner_text("body")
+            job_value = page.locator(".p-label").filter(has_text="The job file").locator("textarea").input_value()
+            _set_field(page, "limit", "int", str(ITEMS))
+            _set_field(page, "max_tokens", "int", "24")
+            _set_field(page, "temperature", "float", "0")
+            _set_field(page, "output_dir", "str", str(out))
             screenshot(page, "ui-deploy-custom-run-form")
+            with page.expect_response(lambda r: r.url.endswith("/create_flow_run") and r.request.method == "POST",
+                                      timeout=60_000) as created:
+                page.get_by_role("button", name="Submit").click()
+            assert created.value.status == 201, created.value.text()
+            run_id = created.value.json()["id"]
+        except BaseException:
+            screenshot(page, "ui-deploy-custom-run-form-failed")
+            raise
+    with server.client() as client:
+        return client.read_flow_run(run_id), out, form, job_value
+
+
+def test_the_browser_form_shows_the_fields_and_creates_a_typed_run(deployed, form_run, job_file):
+    run, out, form, job_value = form_run
+    _, deployment = deployed
+    assert "JobSpec" not in form
+    assert job_value == str(job_file.resolve())  # the deployment's job, prefilled
+    assert run.deployment_id == deployment.id
+    assert run.parameters == {"job": str(job_file.resolve()), "limit": ITEMS, "max_tokens": 24, "temperature": 0,
+                              "output_dir": str(out), "overrides": None}
 
 
 @pytest.mark.engine
-def test_a_run_of_the_deployed_job_publishes_it(server, deployed, tmp_path):
-    _, deployment = deployed
-    out = tmp_path / "out"
+def test_the_run_from_the_form_publishes_the_job_on_a_worker(server, form_run):
+    run, out, _, _ = form_run
     with worker(server, POOL, "deploy-cli-worker"), server.client() as client:
-        run = client.create_flow_run_from_deployment(
-            deployment.id, parameters={"limit": ITEMS, "max_tokens": 24, "temperature": 0, "output_dir": str(out)})
         finished = wait_for_flow_run(client, run.id, log=ARTIFACTS / "deploy-cli-worker.log")
     assert finished.state.type.value == "COMPLETED", finished.state
     manifest = json.loads((out / "current" / "manifest.json").read_text())
