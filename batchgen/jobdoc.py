@@ -102,12 +102,6 @@ def _table(model: type[BaseModel], prefix: str) -> list[str]:
     return lines
 
 
-def _rules(model: type[BaseModel]) -> str:
-    """The model's docstring, when it says more than pydantic's default."""
-    doc = (model.__doc__ or "").strip()
-    return "" if not doc or doc.startswith("Usage docs") or doc.startswith("!!!") else " ".join(doc.split())
-
-
 def missing_descriptions() -> list[str]:
     """Job fields without a description (the reference would show an empty cell for them)."""
     missing = []
@@ -142,22 +136,18 @@ def reference_markdown() -> str:
         "relative to the job file. Any field can be overridden for one run with `--set section.field=value` "
         "(the value is YAML).",
         "",
-        "Editors can complete and check job files from the JSON Schema: put "
-        "`# yaml-language-server: $schema=PATH/TO/job.schema.json` on the first line (the YAML extension of "
-        "VS Code, and other editors using yaml-language-server, read it); write the schema with "
-        "`batchgen schema -o job.schema.json`, or point at [job.schema.json](job.schema.json) of this "
-        "repository. `batchgen init DATA_FILE` writes a starter job for a table of your own.",
+        ("Editors can complete and check job files from the JSON Schema: put "
+         "`# yaml-language-server: $schema=PATH/TO/job.schema.json` on the first line (the YAML extension of "
+         "VS Code, and other editors using yaml-language-server, read it); write the schema with "
+         "`batchgen schema -o job.schema.json`, or point at [job.schema.json](job.schema.json) of this "
+         "repository. `batchgen init DATA_FILE` writes a starter job for a table of your own."),
         "",
         "## Top level",
         "",
         *_table(JobSpec, ""),
     ]
     for section, model in _sections():
-        lines += ["", f"## `{section}`", ""]
-        rules = _rules(model)
-        if rules:
-            lines += [rules, ""]
-        lines += _table(model, f"{section}.")
+        lines += ["", f"## `{section}`", "", *_table(model, f"{section}.")]
     return "\n".join(lines) + "\n"
 
 
@@ -212,8 +202,8 @@ def starter_job(data_file: Path, job_path: Path, sample_rows: int = 200) -> str:
     template = ["Write a short description of this item.", *[f"{c}: {{{{ {c} }}}}" for c in shown]]
 
     lines = [
-        f"# A starter job for {data_file.name}, written by `batchgen init`. Check it with "
-        f"`batchgen check {job_path.name}`,",
+        (f"# A starter job for {data_file.name}, written by `batchgen init`. Check it with "
+         f"`batchgen check {job_path.name}`,"),
         f"# run it with `batchgen run {job_path.name} --limit 20`. Every field: docs/job-reference.md.",
         "# Editor completion: `batchgen schema -o job.schema.json`, then start this file with the line",
         "# `# yaml-language-server: $schema=job.schema.json`.",

@@ -54,7 +54,7 @@ def ensure_pool(pool: str, api_url: str) -> bool:
             pass
     prefect = str(Path(sys.executable).with_name("prefect"))
     created = subprocess.run([prefect, "--no-prompt", "work-pool", "create", pool, "--type", "process"],
-                             capture_output=True, text=True, timeout=120,
+                             capture_output=True, text=True, timeout=120, check=False,
                              env={**os.environ, "PREFECT_API_URL": api_url})
     if created.returncode != 0:
         raise DeployError(f"could not create the work pool {pool!r}: {(created.stderr or created.stdout).strip()}")

@@ -32,7 +32,7 @@ ITEMS = 2
 class UiServer(PrefectServer):
     """The server as a user starts it: `batchgen ui --port N`, with nothing telling the UI where its API is."""
 
-    def start(self, timeout: float = 180) -> "UiServer":
+    def start(self, timeout: float = 180) -> UiServer:
         self.home.mkdir(parents=True, exist_ok=True)
         ARTIFACTS.mkdir(exist_ok=True)
         env = self.env(PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="5")
@@ -58,7 +58,7 @@ class UiServer(PrefectServer):
 
 def batchgen(server: PrefectServer, *args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([*BATCHGEN, *args], cwd=ROOT, env=server.env(**env), capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_the_form_is_a_job_path_and_typed_common_overrides_with_bounds(deployed)
     assert list(properties) == ["job", "limit", "max_tokens", "temperature", "output_dir", "overrides"]
     assert form["required"] == ["job"]
     assert properties["job"]["type"] == "string" and "JobSpec" not in json.dumps(form)
-    typed = {name: [t for t in spec["anyOf"] if t["type"] != "null"][0] for name, spec in properties.items()
+    typed = {name: next(t for t in spec["anyOf"] if t["type"] != "null") for name, spec in properties.items()
              if name != "job"}
     assert typed["limit"] == {"type": "integer", "minimum": 1}
     assert typed["max_tokens"] == {"type": "integer", "minimum": 1}
@@ -207,7 +207,7 @@ def test_deploy_without_a_server_says_how_to_start_one(tmp_path, job_file):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "home")}
     env.pop("PREFECT_API_URL", None)
     result = subprocess.run([*BATCHGEN, "deploy", str(job_file)], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=300)
+                            timeout=300, check=False)
     assert result.returncode == 1
     assert "no Prefect server" in result.stderr and "batchgen ui" in result.stderr
     assert "Traceback" not in result.stderr

@@ -12,8 +12,16 @@ import yaml
 
 from batchgen.items import DataError
 from batchgen.job import JobSpec, load_job
-from batchgen.jobdoc import (REFERENCE_PATH, REGENERATE, SCHEMA_PATH, job_schema, missing_descriptions,
-                             reference_markdown, schema_text, starter_job)
+from batchgen.jobdoc import (
+    REFERENCE_PATH,
+    REGENERATE,
+    SCHEMA_PATH,
+    job_schema,
+    missing_descriptions,
+    reference_markdown,
+    schema_text,
+    starter_job,
+)
 from tests.conftest import ROOT
 
 EXAMPLES = [ROOT / "examples" / "product_descriptions.yaml", ROOT / "examples" / "product_descriptions_zh.yaml"]
