@@ -80,7 +80,7 @@ PREFECT_PORT ?= 4200
 SERVER_API := http://127.0.0.1:$(PREFECT_PORT)/api
 POOL ?= batchgen
 
-.PHONY: ui deploy worker serve
+.PHONY: ui deploy deploy-job worker serve reference
 
 ui: setup
 	$(VENV)/bin/batchgen ui --port $(PREFECT_PORT)
@@ -92,8 +92,19 @@ deploy: setup examples/data/products.csv
 	PREFECT_API_URL=$(SERVER_API) BATCHGEN_ROOT=$(CURDIR) $(VENV)/bin/prefect --no-prompt deploy --all \
 	  --prefect-file deployments/prefect.yaml
 
+# Any job file: make deploy-job JOB=my_job.yaml [CRON="0 2 * * *"] [NAME=my-job]
+deploy-job: setup
+	@test -n "$(JOB)" || { echo "usage: make deploy-job JOB=path/to/job.yaml [CRON=...] [NAME=...]"; exit 2; }
+	PREFECT_API_URL=$(SERVER_API) $(VENV)/bin/batchgen deploy $(JOB) --pool $(POOL) \
+	  $(if $(CRON),--cron "$(CRON)") $(if $(NAME),--name "$(NAME)")
+
 worker: setup examples/data/products.csv
 	PREFECT_API_URL=$(SERVER_API) $(VENV)/bin/prefect worker start --pool $(POOL) --limit 1
 
 serve: setup examples/data/products.csv
 	PREFECT_API_URL=$(SERVER_API) $(VENV)/bin/batchgen serve examples/product_descriptions.yaml --cron "0 2 * * *"
+
+# The job reference and JSON Schema in docs/, regenerated from batchgen/job.py (a test compares them).
+reference: setup
+	$(VENV)/bin/batchgen schema --markdown -o docs/job-reference.md
+	$(VENV)/bin/batchgen schema -o docs/job.schema.json

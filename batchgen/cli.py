@@ -226,10 +226,23 @@ def run_sharded(
                           indent=2))
 
 
+def ui_api_url(host: str, port: int) -> str:
+    """The API URL the UI in a browser talks to: the server's own address (a wildcard host means this machine's
+    name, since a browser cannot reach 0.0.0.0)."""
+    if host in ("0.0.0.0", "::", ""):
+        import socket
+
+        host = socket.getfqdn()
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/api"
+
+
 @app.command()
 def ui(
-    port: Annotated[int, typer.Option(help="Port of the server and its UI.")] = 4200,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the server and its UI.")] = 4200,
     host: Annotated[str, typer.Option(help="Address to listen on; loopback by default.")] = "127.0.0.1",
+    api_url: Annotated[Optional[str], typer.Option(
+        help="The API URL the UI in the browser uses; http://HOST:PORT/api by default (set it when the server is "
+             "reached through a proxy or another name).")] = None,
 ) -> None:
     """Start a Prefect server with its UI (runs, deployments, artifacts) at http://HOST:PORT.
 
@@ -238,8 +251,14 @@ def ui(
     Point runs, `prefect deploy` and workers at it with PREFECT_API_URL=http://HOST:PORT/api.
     """
     prefect = str(Path(sys.executable).with_name("prefect"))
-    typer.echo(f"batchgen: Prefect UI at http://{host}:{port} (PREFECT_API_URL=http://{host}:{port}/api)", err=True)
-    os.execv(prefect, [prefect, "server", "start", "--host", host, "--port", str(port)])
+    api = api_url or ui_api_url(host, port)
+    # Prefect's UI asks the server for its API URL (PREFECT_UI_API_URL, server.ui.api_url), which otherwise
+    # follows PREFECT_API_URL or PREFECT_SERVER_API_PORT (4200), not `--port`: the UI would talk to another server.
+    env = {**os.environ, "PREFECT_UI_API_URL": api, "PREFECT_SERVER_API_HOST": host,
+           "PREFECT_SERVER_API_PORT": str(port)}
+    env.pop("PREFECT_SERVER_UI_API_URL", None)  # the other name of the same setting would win over ours
+    typer.echo(f"batchgen: Prefect UI at http://{host}:{port} (PREFECT_API_URL={api})", err=True)
+    os.execve(prefect, [prefect, "server", "start", "--host", host, "--port", str(port)], env)
 
 
 @app.command()
@@ -268,6 +287,94 @@ def serve(
         parameters["overrides"] = list(set_)
     batch_generation.serve(name=name or spec.name, parameters=parameters, cron=cron, interval=interval,
                            limit=1, description=f"{spec.name}: served by `batchgen serve {job}`")
+
+
+@app.command()
+def deploy(
+    job: JobArg,
+    name: Annotated[Optional[str], typer.Option(help="Deployment name; the job's name by default.")] = None,
+    cron: Annotated[Optional[str], typer.Option(help='A cron schedule, e.g. "0 2 * * *".')] = None,
+    interval: Annotated[Optional[int], typer.Option(min=1, help="Or a schedule every N seconds.")] = None,
+    timezone: Annotated[str, typer.Option(help="Time zone of the cron schedule.")] = "UTC",
+    pool: Annotated[str, typer.Option(help="Work pool whose workers run it (a process pool is created when "
+                                           "missing).")] = "batchgen",
+    limit: LimitOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Register a deployment of a job file on the Prefect server PREFECT_API_URL points at.
+
+    The deployment `batch-generation/NAME` runs the job on the pool's workers (`prefect worker start --pool
+    POOL`), from this project folder, on the schedule, from the UI's Run button (its form: job path, limit,
+    max_tokens, temperature, output_dir, overrides) or with `prefect deployment run`. Deploying again under the
+    same name updates it. The job is checked first; its path is recorded as an absolute path, so workers must see
+    the same files (one machine, or a shared folder).
+    """
+    _quiet_libraries(False)
+    if cron is not None and interval is not None:
+        _fail(EXIT_BAD_JOB, "--cron and --interval: give one schedule")
+    from deployments.register import DeployError, deploy_job, server_api_url
+
+    spec = _load(job, limit, set_)
+    try:
+        server_api_url()  # before the slower checks: without a server there is nothing to deploy to
+    except DeployError as exc:
+        _fail(EXIT_RUN_FAILED, str(exc))
+    _preflight(spec, model=False)
+    try:
+        deployed = deploy_job(job.resolve(), name or spec.name, pool=pool, cron=cron, interval=interval,
+                              timezone=timezone, limit=limit, overrides=list(set_ or []), description=spec.name)
+    except DeployError as exc:
+        _fail(EXIT_RUN_FAILED, str(exc))
+    typer.echo(json.dumps(deployed, indent=2))
+
+
+@app.command()
+def schema(
+    markdown: Annotated[bool, typer.Option("--markdown", help="The job reference in Markdown "
+                                                              "(docs/job-reference.md) instead.")] = False,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write to this file instead of stdout.")]
+    = None,
+) -> None:
+    """Print the job file's JSON Schema, for editors that complete and check job files.
+
+    Save it (`batchgen schema -o job.schema.json`) and start a job file with
+    `# yaml-language-server: $schema=job.schema.json`. With --markdown: the job reference, every field with its
+    type, default, bounds and description.
+    """
+    from batchgen.jobdoc import reference_markdown, schema_text
+
+    text = reference_markdown() if markdown else schema_text()
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+        typer.echo(str(output), err=True)
+
+
+@app.command()
+def init(
+    data_file: Annotated[Path, typer.Argument(metavar="DATA_FILE", help="A CSV, JSONL or Parquet file, one item per "
+                                                                        "row.", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the job.")] = Path("job.yaml"),
+    force: Annotated[bool, typer.Option("--force", help="Replace the job file if it exists.")] = False,
+) -> None:
+    """Write a starter job for a data file: a prompt template naming its columns, sensible defaults, comments.
+
+    Then `batchgen check JOB` shows what it would do and `batchgen run JOB --limit 20` tries it.
+    """
+    _quiet_libraries(False)
+    from batchgen.items import DataError
+    from batchgen.jobdoc import starter_job
+
+    if output.exists() and not force:
+        _fail(EXIT_BAD_JOB, f"{output}: exists; choose another file with -o, or replace it with --force")
+    try:
+        text = starter_job(data_file, output)
+    except DataError as exc:
+        _fail(EXIT_BAD_DATA, str(exc))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text, encoding="utf-8")
+    typer.echo(f"batchgen: wrote {output}; next: batchgen check {output}", err=True)
 
 
 def main() -> None:

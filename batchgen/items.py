@@ -1,6 +1,6 @@
 """Loading the input table into items with stable ids.
 
-Rules, per case (errors are data, see the README's "Nothing lost"):
+Rules, per case (errors are data, see docs/nothing-lost.md):
 - a file that cannot be read as a table at all (missing, a directory, empty, not UTF-8,
   a CSV whose rows do not line up) raises DataError naming the file and the line;
 - a JSONL line that is not a JSON object becomes a rejected item (`invalid_json`), the

@@ -116,23 +116,23 @@ OVERRIDABLE = ("max_tokens", "temperature")
 
 
 class SamplingSpec(_Section):
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, ge=0, description="Randomness of sampling; 0 is greedy (always the most likely token).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Sample from the smallest set of tokens whose probabilities add up to this; 1 keeps all.")
     top_k: int | None = Field(None, description="Keep the k most likely tokens; all when absent.")
-    min_p: float = Field(0.0, ge=0, le=1)
+    min_p: float = Field(0.0, ge=0, le=1, description="Drop tokens less likely than this fraction of the most likely one; 0 keeps all.")
     max_tokens: int = Field(16, ge=1, description="Token budget of the first pass.")
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0, description="Tokens generated before end-of-sequence or a stop string may end the output.")
     n: int = Field(1, ge=1, le=64, description="Candidates per item.")
     stop: list[str] = Field(default_factory=list, description="Strings that end generation (not kept in the text).")
-    stop_token_ids: list[int] = Field(default_factory=list)
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    repetition_penalty: float = Field(1.0, gt=0)
+    stop_token_ids: list[int] = Field(default_factory=list, description="Token ids that end generation.")
+    presence_penalty: float = Field(0.0, ge=-2, le=2, description="Penalise tokens already in the output (> 0: new topics; < 0: repetition).")
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, description="Penalise tokens by how often they are already in the output.")
+    repetition_penalty: float = Field(1.0, gt=0, description="Penalise tokens of the prompt and output; > 1 repeats less, 1 is off.")
     logprobs: int | None = Field(
         None, ge=0, le=20,
         description="Top logprobs per generated token, published in the logprobs column; cumulative_logprob is kept too.",
     )
-    ignore_eos: bool = False
+    ignore_eos: bool = Field(False, description="Keep generating past the end-of-sequence token, up to max_tokens.")
     keep_logprob: bool = Field(
         False,
         description="Ask the engine for cumulative_logprob even when nothing needs it. It is asked for only when "
@@ -341,7 +341,7 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
         where = ".".join(str(part) for part in err["loc"]) or "(top level)"
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            message = "unknown field (check the spelling; see the README for the job file fields)"
+            message = "unknown field (check the spelling; docs/job-reference.md lists every field)"
         elif err["type"] == "missing":
             message = "required field is missing"
         lines.append(f"  {where}: {message}")

@@ -1,7 +1,7 @@
 """The batch-generation flow: load -> prompts -> generate -> validate -> retry -> publish.
 
 Run it as `python -m flows.batch_generation JOB.yaml`, `batchgen run JOB.yaml`, or call
-`batch_generation(...)` from Python.
+`batch_generation(...)` from Python (with a job path, a JobSpec or a mapping).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import pandas as pd
 from prefect import flow
 from prefect.utilities.annotations import quote
-from pydantic import Field
+from pydantic import Field, WithJsonSchema
 
 from batchgen.generation import first_pass_requests
 from batchgen.items import LoadedItems
@@ -70,26 +70,39 @@ def resolve_job(job: JobSpec | str | dict, limit: int | None = None, max_tokens:
 FLOW_RETRIES, FLOW_RETRY_DELAY_SECONDS = 1, 10
 
 
+# The flow's parameters are the Prefect UI's form (Run -> Custom run): `job` shows as a path (a JobSpec's ~60
+# fields do not belong in a form; Python callers may still pass a JobSpec or a mapping), the common overrides as
+# typed fields with the docstring's descriptions and their bounds (an optional one as Prefect's "type | None"
+# switch), anything else as `overrides` lines.
+JobParameter = Annotated[JobSpec | dict | str, WithJsonSchema(
+    {"type": "string", "title": "job", "examples": ["examples/product_descriptions.yaml"]})]
+
+
 @flow(name="batch-generation", log_prints=True, retries=FLOW_RETRIES, retry_delay_seconds=FLOW_RETRY_DELAY_SECONDS)
 def batch_generation(
-    job: JobSpec | str,
+    job: JobParameter,
     limit: Annotated[int | None, Field(ge=1)] = None,
     max_tokens: Annotated[int | None, Field(ge=1)] = None,
+    temperature: Annotated[float | None, Field(ge=0)] = None,
     output_dir: str | None = None,
     overrides: list[str] | None = None,
 ) -> dict[str, Any]:
     """Generate one output per input item, validate, retry cut-off outputs, publish; returns the manifest.
 
     Args:
-        job: A job file path (relative to the project folder when run by a deployment), or the job itself.
+        job: The job file (YAML): a path relative to the project folder the worker runs in, or absolute.
         limit: Only the first N input rows.
-        max_tokens: The first pass's sampling.max_tokens.
-        output_dir: Publish here instead of the job's output.dir.
-        overrides: More job settings as key=value, e.g. sampling.temperature=0.2 or input.path=data/x.csv.
+        max_tokens: Token budget of the first pass (sampling.max_tokens), 1 or more; cut-off outputs are retried
+            with more.
+        temperature: Sampling temperature (sampling.temperature), 0 or more; 0 is greedy.
+        output_dir: Publish into this folder instead of the job's output.dir (readers use its `current`).
+        overrides: More job settings, one key=value each, e.g. sampling.top_p=0.9 or input.path=data/x.csv
+            (docs/job-reference.md lists every field).
     """
     started_at = datetime.now(timezone.utc)
     run = RunTotals()
-    spec = resolve_job(job, limit, max_tokens, output_dir, overrides)
+    extra = [*(overrides or []), *([f"sampling.temperature={temperature}"] if temperature is not None else [])]
+    spec = resolve_job(job, limit, max_tokens, output_dir, extra)
     for note in spec.sampling.notes():
         print(f"sampling: {note}")
 

@@ -23,6 +23,7 @@ from prefect.cache_policies import INPUTS, RUN_ID
 from prefect.deployments import run_deployment
 from prefect.runtime import flow_run
 from pydantic import Field
+import yaml
 
 from batchgen.items import load_items
 from batchgen.job import JobSpec
@@ -68,6 +69,14 @@ def merge_task(job: JobSpec, shard_dirs: list[Path], ids: list[str], started_at:
     return written
 
 
+def write_shard_job(job: JobSpec, out_dir: Path) -> Path:
+    """A job given as a JobSpec, written where every worker reads the shards (its paths are absolute already)."""
+    path = out_dir / "shards" / "job.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(job.model_dump(mode="json"), allow_unicode=True, sort_keys=False), encoding="utf-8")
+    return path
+
+
 @flow(name="sharded-batch-generation", log_prints=True)
 def sharded_batch_generation(
     job: JobSpec | str,
@@ -99,10 +108,12 @@ def sharded_batch_generation(
     # With output.publish_to, shards publish to <publish_to>/shards/<i>-of-<n> and the merge reads them
     # there, so <out>/shards/ need not be shared (it is each worker's working folder and result store).
     urls = [shard_url(spec.output.publish_to, i, shards) for i in range(shards)] if spec.output.publish_to else None
+    if isinstance(job, JobSpec):  # deployment runs take a job path (their form's `job` is a path)
+        job = write_shard_job(job, Path(spec.output.dir))
     futures = []
     for index, directory in enumerate(dirs):
         parameters = {
-            "job": job.model_dump(mode="json") if isinstance(job, JobSpec) else str(job),
+            "job": str(job),
             "output_dir": str(directory),
             # A shard's partial dataset never switches <publish_to>/current.json: it goes to its own place.
             "overrides": base + [f"input.shard_count={shards}", f"input.shard_index={index}",
