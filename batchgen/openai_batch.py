@@ -347,7 +347,7 @@ def read_publication(directory: Path) -> Publication:
                              columns=["item_id", "stage", "reasons", "detail"]).to_pandas()
     attempts = pq.read_table(directory / "attempts.parquet", columns=[
         "item_id", "candidate", "attempt", "request_key", "n_prompt_tokens", "text", "token_ids", "finish_reason",
-        "stop_reason", "logprobs", "chunk_finished_at"]).to_pandas()
+        "stop_reason", "logprobs"]).to_pandas()
     manifest = json.loads((directory / "manifest.json").read_text(encoding="utf-8"))
     created = manifest.get("finished_at") or manifest.get("started_at")
     stamp = int(datetime.fromisoformat(created).timestamp()) if created else int(datetime.now(timezone.utc).timestamp())

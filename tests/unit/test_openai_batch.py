@@ -175,7 +175,7 @@ def attempt(item_id: str, candidate: int, number: int, text: str, token_ids: lis
             prompt_tokens: int = 20, logprobs=None) -> dict:
     return {"item_id": item_id, "candidate": candidate, "attempt": number, "request_key": f"k{item_id}{number}",
             "n_prompt_tokens": prompt_tokens, "text": text, "token_ids": token_ids, "finish_reason": finish,
-            "stop_reason": None, "logprobs": logprobs, "chunk_finished_at": None}
+            "stop_reason": None, "logprobs": logprobs}
 
 
 def test_response_body_takes_each_candidates_last_attempt_and_sums_usage():
