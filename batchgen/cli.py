@@ -271,9 +271,12 @@ def run_batch(
         base = openai_batch.base_job(job, engine)
     except JobError as exc:
         _fail(EXIT_BAD_JOB, str(exc))
-    from flows.batch_generation import batch_generation
 
-    flow_fn = batch_generation if retries is None else batch_generation.with_options(retries=retries)
+    def flow_fn(spec):  # Prefect and the flow are imported once a group runs: a bad file fails fast
+        from flows.batch_generation import batch_generation
+
+        return (batch_generation if retries is None else batch_generation.with_options(retries=retries))(spec)
+
     try:
         summary = openai_batch.run_batch_file(
             input_file, output_file, error_file or openai_batch.default_error_file(output_file),

@@ -64,10 +64,10 @@ def batch(tmp_path_factory):
                    f"retry: {{max_passes: 1, growth_factor: {GROWTH}, max_tokens_cap: 64}}\n", encoding="utf-8")
     command = ["run-batch", "-i", str(requests), "-o", str(tmp / "results.jsonl"), "--job", str(job),
                "--max-model-len", "1024"]
-    first = run_cli(command, tmp)
+    first = run_cli(command, tmp, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
     outputs = [(tmp / name).read_text(encoding="utf-8") for name in ("results.jsonl", "results.errors.jsonl")]
-    second = run_cli(command, tmp)
+    second = run_cli(command, tmp, timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]
     yield {"dir": tmp, "first": outputs, "summary": summary(second.stdout)}
 

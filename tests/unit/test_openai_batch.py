@@ -242,3 +242,18 @@ def test_every_line_once_in_input_order_across_the_two_files(tmp_path: Path):
 def test_default_files_sit_beside_the_output():
     assert ob.default_error_file(Path("/d/results.jsonl")) == Path("/d/results.errors.jsonl")
     assert ob.default_work_dir(Path("/d/results.jsonl")) == Path("/d/results.batchgen")
+
+
+def test_command_stops_on_a_missing_file_or_a_bad_job(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from batchgen.cli import EXIT_BAD_DATA, EXIT_BAD_JOB, app
+
+    out = str(tmp_path / "results.jsonl")
+    missing = CliRunner().invoke(app, ["run-batch", "-i", str(tmp_path / "nope.jsonl"), "-o", out])
+    assert missing.exit_code == EXIT_BAD_DATA and "nope.jsonl: input file not found" in missing.output
+    job = tmp_path / "job.yaml"
+    job.write_text("prompt: {template: x}\n")
+    bad = CliRunner().invoke(app, ["run-batch", "-i", str(tmp_path / "nope.jsonl"), "-o", out, "--job", str(job)])
+    assert bad.exit_code == EXIT_BAD_JOB and "prompt: run-batch takes it from the batch file" in bad.output
+    assert not (tmp_path / "results.jsonl").exists()
