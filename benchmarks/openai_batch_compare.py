@@ -50,8 +50,14 @@ def run(command: list[str], log: Path) -> tuple[int, float]:
 
 
 def last_error(log: Path) -> str:
-    lines = [line for line in log.read_text(errors="replace").splitlines() if "Error" in line]
-    return lines[-1][:300] if lines else ""
+    """Why a run failed: vLLM's request validation error when there is one (the line it could not read), else the
+    last error line."""
+    lines = log.read_text(errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        if "ValidationError" in line and "BatchRequestInput" in line:
+            return " ".join(part.strip() for part in lines[i:i + 3])[:400]
+    errors = [line for line in lines if "Error" in line]
+    return errors[-1][:300] if errors else ""
 
 
 def records(path: Path) -> dict[str, dict[str, Any]]:
