@@ -239,8 +239,9 @@ def run_batch(
                                                  "SmolLM2-135M-Instruct by default.")] = None,
     served_model_name: Annotated[Optional[list[str]], typer.Option(
         help="A name body.model may use (repeatable); --model and its folder name by default.")] = None,
-    job: Annotated[Optional[Path], typer.Option(help="A job file without input, prompt and output: its engine, "
-                                                "sampling defaults, expectations and retry apply to every line.")] = None,
+    job: Annotated[Optional[Path], typer.Option(
+        help="A job file without input, prompt and output: its engine, sampling defaults, expectations and retry "
+             "apply to every line.")] = None,
     output_dir: Annotated[Optional[Path], typer.Option(help="Where each group's run publishes and keeps its result "
                                                        "store (a rerun resumes from it); OUTPUT.batchgen/ by default.")]
     = None,

@@ -119,7 +119,8 @@ def parse_line(number: int, raw: str, seen: dict[str, int], served_models: set[s
                          "custom_id")
     if custom_id in seen:
         return LineError(number, custom_id, "duplicate_custom_id",
-                         f"line {number}: custom_id {custom_id!r} is already used on line {seen[custom_id]}", "custom_id")
+                         f"line {number}: custom_id {custom_id!r} is already used on line {seen[custom_id]}",
+                         "custom_id")
     seen[custom_id] = number
 
     def error(code: str, param: str, message: str, status: int = 400) -> LineError:
@@ -315,7 +316,8 @@ DEFAULT_JOB: dict[str, Any] = {"expectations": {"require_stop": False}, "retry":
                                "sampling": {"max_tokens": 256}}
 
 
-def job_for_group(base: dict[str, Any], requests: list[BatchRequest], items_path: Path, out_dir: Path) -> dict[str, Any]:
+def job_for_group(base: dict[str, Any], requests: list[BatchRequest], items_path: Path,
+                  out_dir: Path) -> dict[str, Any]:
     """The batch-generation job of one group: the base job (--job, engine flags), the group's settings and items."""
     first = requests[0]
     prompt = ({"style": "chat", "messages_column": MESSAGES} if first.url == CHAT
@@ -561,7 +563,7 @@ def run_batch_file(input_file: Path, output_file: Path, error_file: Path, work_d
 
     parsed = read_batch(input_file, served)
     batch = file_digest(input_file)
-    model = sorted(served)[0]
+    model = min(served)
     done: dict[int, dict[str, Any] | LineError] = {}
     groups = group_requests(parsed.requests)
     log(f"run-batch: {len(parsed.requests) + len(parsed.errors)} lines, {len(parsed.errors)} refused, "

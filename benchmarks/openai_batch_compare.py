@@ -131,15 +131,15 @@ def markdown(figures: dict[str, Any]) -> str:
     only_ours = sorted(set().union(*(set(r["only_batchgen"]) for r in rows.values()))) if rows else []
     out = [f"# batchgen run-batch against vLLM run_batch ({figures['date']})", "",
            f"Input: `{figures['input']}`, {figures['lines']} lines; embedded model, float32, seed 0.", "",
-           f"- vLLM on the whole file: exit code {figures['vllm_whole_file']['exit_code']}, "
-           f"{figures['vllm_whole_file']['output_lines']} output lines "
-           f"({figures['vllm_whole_file']['last_error'] or 'no error'})",
-           f"- vLLM on the chat lines: exit code {figures['vllm_chat_lines']['exit_code']}, "
-           f"{figures['vllm_chat_lines']['seconds']} s",
-           f"- batchgen on the whole file: exit code {figures['batchgen']['exit_code']}, "
-           f"{figures['batchgen']['output_lines']} output lines, {figures['batchgen']['error_lines']} error lines, "
-           f"{figures['batchgen']['seconds']} s; answered only by batchgen: "
-           f"{', '.join(figures['answered_only_by_batchgen']) or 'none'}", "",
+           (f"- vLLM on the whole file: exit code {figures['vllm_whole_file']['exit_code']}, "
+            f"{figures['vllm_whole_file']['output_lines']} output lines "
+            f"({figures['vllm_whole_file']['last_error'] or 'no error'})"),
+           (f"- vLLM on the chat lines: exit code {figures['vllm_chat_lines']['exit_code']}, "
+            f"{figures['vllm_chat_lines']['seconds']} s"),
+           (f"- batchgen on the whole file: exit code {figures['batchgen']['exit_code']}, "
+            f"{figures['batchgen']['output_lines']} output lines, {figures['batchgen']['error_lines']} error lines, "
+            f"{figures['batchgen']['seconds']} s; answered only by batchgen: "
+            f"{', '.join(figures['answered_only_by_batchgen']) or 'none'}"), "",
            "| custom_id | prompt_tokens (vLLM, batchgen) | completion_tokens | finish_reason | same text at T=0 |",
            "| --- | --- | --- | --- | --- |"]
     for cid, row in rows.items():

@@ -7,6 +7,7 @@ One run of the command for the module (two groups of sampling settings: two flow
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.engine
 MODEL = "SmolLM2-135M-Instruct"
 BUDGET = 12
 GROWTH = 4  # a cut-off output is retried once with BUDGET * GROWTH tokens
-CHAT_HELLO = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hello world!"}]
+CHAT_HELLO = [{"role": "system", "content": "You are a helpful assistant."},
+              {"role": "user", "content": "Hello world!"}]
 LINES = [
     {"custom_id": "request-1", "method": "POST", "url": "/v1/chat/completions",
      "body": {"model": MODEL, "messages": CHAT_HELLO, "max_tokens": BUDGET, "temperature": 0}},
@@ -95,22 +97,24 @@ def test_unusable_lines_name_the_line_and_field(batch):
 
 
 def prompt_tokens(messages_or_text) -> int:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(default_model_path()))
     if isinstance(messages_or_text, str):
         text = messages_or_text
     else:  # text parts are one message, joined by newlines
         messages = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str)
                      else "\n".join(part["text"] for part in m["content"])} for m in messages_or_text]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        text = tokenizer().apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return len(tokenizer()(text, add_special_tokens=False)["input_ids"])
+
+
+@functools.lru_cache(maxsize=1)
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(default_model_path()))
 
 
 def eos_token() -> str:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(default_model_path())).eos_token
+    return tokenizer().eos_token
 
 
 def test_responses_are_openai_bodies_with_real_usage(batch):
