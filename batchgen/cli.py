@@ -236,6 +236,73 @@ def ui_api_url(host: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/api"
 
 
+@app.command("run-batch")
+def run_batch(
+    input_file: Annotated[Path, typer.Option("--input-file", "-i", help="OpenAI Batch input file (JSONL): custom_id, "
+                                             "method, url (/v1/chat/completions or /v1/completions), body.",
+                                             show_default=False)],
+    output_file: Annotated[Path, typer.Option("--output-file", "-o", help="Output file: one response line per "
+                                              "completed request, in input order.", show_default=False)],
+    error_file: Annotated[Optional[Path], typer.Option(help="Error file: one line per failed request, in input order; "
+                                                       "OUTPUT.errors.jsonl beside the output by default.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model folder or hub id (engine.model); the embedded "
+                                                 "SmolLM2-135M-Instruct by default.")] = None,
+    served_model_name: Annotated[Optional[list[str]], typer.Option(
+        help="A name body.model may use (repeatable); --model and its folder name by default.")] = None,
+    job: Annotated[Optional[Path], typer.Option(
+        help="A job file without input, prompt and output: its engine, sampling defaults, expectations and retry "
+             "apply to every line.")] = None,
+    output_dir: Annotated[Optional[Path], typer.Option(help="Where each group's run publishes and keeps its result "
+                                                       "store (a rerun resumes from it); OUTPUT.batchgen/ by default.")]
+    = None,
+    dtype: Annotated[Optional[str], typer.Option(help="engine.dtype (auto, float32, bfloat16, float16).")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(min=16, help="engine.max_model_len.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="engine.seed (the engine is seeded, not each request).")] = None,
+    tensor_parallel_size: Annotated[Optional[int], typer.Option(min=1, help="engine.tensor_parallel_size.")] = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="engine.gpu_memory_utilization.")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option(min=1, help="engine.max_num_seqs.")] = None,
+    retries: Annotated[Optional[int], typer.Option(
+        "--retries", min=0, help="Retries of each group's run after a failure (default 1).")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show library logs too.")] = False,
+) -> None:
+    """Run an OpenAI Batch file (the flags of `vllm run-batch`) through the batch-generation flow.
+
+    Lines are grouped by their sampling settings (max_tokens and temperature may differ within a group); each
+    group is one flow run. Prints the counts; exit code 0 also when some lines failed (see the error file).
+    """
+    _quiet_libraries(verbose)
+    from batchgen import openai_batch
+    from batchgen.items import DataError
+    from batchgen.job import JobError
+
+    engine = {"model": model, "dtype": dtype, "max_model_len": max_model_len, "seed": seed,
+              "tensor_parallel_size": tensor_parallel_size, "gpu_memory_utilization": gpu_memory_utilization,
+              "max_num_seqs": max_num_seqs}
+    try:
+        base = openai_batch.base_job(job, engine)
+    except JobError as exc:
+        _fail(EXIT_BAD_JOB, str(exc))
+
+    def flow_fn(spec):  # Prefect and the flow are imported once a group runs: a bad file fails fast
+        from flows.batch_generation import batch_generation
+
+        return (batch_generation if retries is None else batch_generation.with_options(retries=retries))(spec)
+
+    try:
+        summary = openai_batch.run_batch_file(
+            input_file, output_file, error_file or openai_batch.default_error_file(output_file),
+            output_dir or openai_batch.default_work_dir(output_file), base,
+            openai_batch.served_names(base["engine"].get("model"), served_model_name), flow_fn,
+            log=lambda line: typer.echo(line, err=True))
+    except JobError as exc:
+        _fail(EXIT_BAD_JOB, str(exc))
+    except DataError as exc:
+        _fail(EXIT_BAD_DATA, str(exc))
+    except Exception as exc:
+        _fail(EXIT_RUN_FAILED, f"the run failed: {type(exc).__name__}: {exc} (run the same command again to resume)")
+    typer.echo(json.dumps(summary, indent=2))
+
+
 @app.command()
 def ui(
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the server and its UI.")] = 4200,
