@@ -153,6 +153,12 @@ def get_engine(spec: EngineSpec) -> Engine:
         return engine
 
 
+def loaded_engine(spec: EngineSpec) -> Engine | None:
+    """The process's engine for this spec if one was built (the manifest reads what vLLM actually loaded)."""
+    with _LOCK:
+        return _ENGINES.get(_key(spec))
+
+
 def start_in_background(spec: EngineSpec, build_engine: Any = None) -> threading.Thread:
     """Build the process's engine in a thread of its own, so that its start (tens of seconds, minutes for a
     large model) overlaps loading and prompt building; the first get_engine waits for it. A failure is left
