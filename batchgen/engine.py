@@ -144,7 +144,8 @@ def get_engine(spec: EngineSpec) -> Engine:
         started = time.perf_counter()
         global LOADS
         LOADS += 1
-        llm = LLM(**args)
+        # vLLM's weight-loading bar only with `batchgen run --verbose` (outside `args`: not part of request keys)
+        llm = LLM(**{"use_tqdm_on_load": os.environ.get("BATCHGEN_VERBOSE") == "1", **args})
         max_len = llm.llm_engine.model_config.max_model_len
         engine = Engine(llm=llm, model=model, args=args, max_model_len=max_len,
                         load_seconds=time.perf_counter() - started)

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from batchgen.offline_docs import Page, make_offline
 from batchgen.publish import ATTEMPTS, MANIFEST, REJECTED, RESULTS, VALIDATION, write_text_atomic
 
 REPORT = "report.html"
@@ -327,8 +328,8 @@ def build_data_docs(pub: Publication) -> dict[str, Any] | None:
     """GX Data Docs of the run's validation results in `<run>/data_docs/`; None when nothing was validated.
 
     Returns the pages relative to the run directory: the site index, the suite, one page per pass.
-    GX's index lists its pages with JavaScript from a CDN, so the report links every page itself:
-    the pages are static HTML that reads without network (unstyled).
+    GX's pages pull their styles and scripts from CDNs: `make_offline` rewrites them to read offline,
+    styled by a local stylesheet, with a static index (batchgen.offline_docs).
     """
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
@@ -374,27 +375,24 @@ def build_data_docs(pub: Publication) -> dict[str, Any] | None:
         context.validation_results_store.set(key, ExpectationSuiteValidationResult(**{**result, "meta": meta}))
         keys.append((label, key))
     context.build_data_docs(site_names=["batchgen"])
-    _drop_unused_images(site)
 
     def relative(identifier) -> str:
         [url] = [u["site_url"] for u in context.get_docs_sites_urls(resource_identifier=identifier,
                                                                      site_name="batchgen")]
         return Path(url.removeprefix("file://")).relative_to(pub.root).as_posix()
 
-    return {
+    docs = {
         "index": f"{DATA_DOCS}/index.html",
         "suite": relative(ExpectationSuiteIdentifier(name=suite_name)),
         "passes": [{"label": label, "href": relative(key)} for label, key in keys],
     }
-
-
-def _drop_unused_images(site: Path) -> None:
-    """GX copies ~3.4 MB of tutorial images into every site; keep only those a page or style refers to."""
-    pages = "".join(path.read_text(encoding="utf-8", errors="replace")
-                    for pattern in ("*.html", "*.css") for path in site.rglob(pattern))
-    for image in (site / "static" / "images").glob("*"):
-        if image.is_file() and image.name not in pages:
-            image.unlink()
+    inside = len(DATA_DOCS) + 1  # the pages' paths inside the site folder
+    make_offline(site, [Page(label, docs["passes"][i]["href"][inside:], result.get("success"),
+                             (result.get("statistics") or {}).get("evaluated_expectations"),
+                             (result.get("statistics") or {}).get("successful_expectations"))
+                        for i, (label, (_, result)) in enumerate(zip([k[0] for k in keys], validated))],
+                 docs["suite"][inside:])
+    return docs
 
 
 # ---------------------------------------------------------------- page
