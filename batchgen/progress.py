@@ -55,7 +55,7 @@ class JobProgress:
         self.staged: set[str] = set()
         self.tokens = 0
         self.started = clock()
-        self.first_token_at: float | None = None  # rates and ETAs leave the engine's start out
+        self.first_token_at: float | None = None  # generation began: rates and ETAs leave the engine's start out
         self.done_at_first_token = 0
         self.last_line = self.started
         self.closed = False
@@ -74,11 +74,16 @@ class JobProgress:
         with self.lock:
             self.sizes[window] = items
 
+    def generating(self) -> None:
+        """The engine is there and requests go in: rates and ETAs count from the first such moment."""
+        with self.lock:
+            if self.first_token_at is None:
+                self.first_token_at, self.done_at_first_token = self.clock(), self.done()
+
     def committed(self, window: str, finished: int, tokens: int) -> None:
         """A commit of generation: `finished` candidates ended without being cut off, `tokens` new output tokens."""
         with self.lock:
-            if tokens and self.first_token_at is None:  # the first outputs: rates are counted from here on,
-                # this commit's included (it was generated before; its time is not known, the engine's start is in it)
+            if tokens and self.first_token_at is None:  # outputs without a known start: count from here on
                 self.first_token_at, self.done_at_first_token = self.clock(), self.done()
             if window not in self.staged:
                 cap = self.sizes.get(window, self.total) * self.candidates
@@ -100,14 +105,14 @@ class JobProgress:
         return min(self.total, sum(self.units.values()) // self.candidates)
 
     def rate(self) -> float | None:
-        """Output tokens/s since the first output (engine start and reused results left out)."""
+        """Output tokens/s since generation began (the engine's start and reused results left out)."""
         if self.first_token_at is None:
             return None
         seconds = self.clock() - self.first_token_at
         return self.tokens / seconds if seconds > 0 else None
 
     def eta(self) -> float | None:
-        """Seconds left at the rate items were finished since the first output."""
+        """Seconds left at the rate items were finished since generation began."""
         if self.first_token_at is None:
             return None
         done, seconds = self.done() - self.done_at_first_token, self.clock() - self.first_token_at
@@ -118,7 +123,7 @@ class JobProgress:
     def line(self) -> str:
         done, rate, eta = self.done(), self.rate(), self.eta()
         share = f" ({100 * done / self.total:.0f}%)" if self.total else ""
-        speed = f", {rate:.0f} output tokens/s" if rate is not None else ", waiting for the engine"
+        speed = f", {rate:.0f} output tokens/s" if rate is not None else ", no new output yet"
         left = f", ETA {duration(eta)}" if eta is not None and done < self.total else ""
         return (f"{self.name}: {done}/{self.total} items{share}{speed}{left}, "
                 f"{duration(self.clock() - self.started)} elapsed")
@@ -139,7 +144,12 @@ class JobProgress:
         now = self.clock()
         if now - self.last_line >= self.every:
             self.last_line = now
-            print(self.line(), file=self.stream, flush=True)
+            self._write(self.line())
+
+    def _write(self, line: str) -> None:
+        # Not print(): inside a flow run with log_prints, Prefect turns print() into log records.
+        self.stream.write(line + "\n")
+        self.stream.flush()
 
     def tick(self) -> None:
         """Called on a timer: off a terminal, the line is due even when nothing was committed (engine start)."""
@@ -155,7 +165,7 @@ class JobProgress:
                 self.bar.update(self.done() - self.bar.n)
                 self.bar.close()
             else:
-                print(self.line(), file=self.stream, flush=True)
+                self._write(self.line())
 
 
 class _Ticker(threading.Thread):

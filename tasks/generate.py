@@ -71,6 +71,10 @@ class Progress:
             print(f"generate [{self.label}]: {finished}/{self.total} requests, {rate:.0f} output tokens/s, "
                   f"ETA {left:.0f} s")
 
+    def generating(self) -> None:
+        if self.job is not None:
+            self.job.generating()
+
     def close(self) -> None:
         update_progress_artifact(self.artifact, progress=100.0)
 
@@ -112,6 +116,7 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Gener
         nonlocal ready
         used.append(get_engine(job.engine))
         ready = time.perf_counter()
+        progress.generating()
         return used[-1]
 
     try:

@@ -29,7 +29,7 @@ def test_items_across_windows_and_retry_passes_off_a_terminal():
     assert lines(out) == []
     clock.now += 10
     progress.tick()
-    assert lines(out) == ["products: 0/10 items (0%), waiting for the engine, 30 s elapsed"]
+    assert lines(out) == ["products: 0/10 items (0%), no new output yet, 30 s elapsed"]
 
     progress.committed("w1", 4, 400)  # 4 of 6 outputs final, 2 cut off (they go to a retry pass)
     clock.now += 10
@@ -75,3 +75,14 @@ def test_a_terminal_gets_one_bar_and_the_run_is_found_by_its_output_folder():
 def test_labels_and_durations():
     assert window_of("w3-retry2") == "w3" and window_of("all") == "all"
     assert [duration(s) for s in (None, 12, 245, 7380)] == ["?", "12 s", "4m05s", "2h03m"]
+
+
+def test_rates_count_from_when_the_engine_began_generating():
+    clock, out = Clock(), io.StringIO()
+    progress = JobProgress("job", 10, stream=out, tty=False, every=30, clock=clock)
+    progress.window("all", 10)
+    clock.now += 40  # the engine's start: not in the rate
+    progress.generating()
+    clock.now += 10
+    progress.committed("all", 5, 100)  # the first commit: 100 tokens in the 10 s since generation began
+    assert progress.rate() == 10.0 and progress.eta() == 10.0
