@@ -45,7 +45,10 @@ def _quiet_libraries(verbose: bool) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "info" if verbose else "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Prefect's console handler only: its API handler still sends every flow and task log to the UI.
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "INFO" if verbose else "WARNING")
+    console = "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"
+    if console not in os.environ:
+        os.environ[console] = "INFO" if verbose else "WARNING"
+        _prefect_console(os.environ[console])
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "INFO" if verbose else "ERROR")  # c10's NUMA-binding notes
     level = logging.DEBUG if verbose else logging.ERROR
     for name in ("great_expectations", "transformers", "httpx", "vllm"):
@@ -54,6 +57,21 @@ def _quiet_libraries(verbose: bool) -> None:
         import warnings
 
         warnings.filterwarnings("ignore", module=THIRD_PARTY)  # deprecation notes meant for their developers
+
+
+def _prefect_console(level: str) -> None:
+    """Prefect reads its logging settings when it is imported; `python -m flows.batch_generation` imports it before
+    the command line runs, so its console handlers are set here too."""
+    if "prefect" not in sys.modules:
+        return
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger()] + [logger for logger in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(logger, logging.Logger)]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, PrefectConsoleHandler):
+                handler.setLevel(level)
 
 
 def _fail(code: int, message: str) -> None:
