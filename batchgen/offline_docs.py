@@ -49,7 +49,8 @@ pre { white-space: pre-wrap; }
 }
 .col-12 { flex: 0 0 100%; max-width: 100%; }
 .d-none { display: none; } .d-flex { display: flex; } .d-block { display: block; } .float-left { float: left; }
-.collapse:not(.show) { display: none; } .sticky-top, .sticky { position: sticky; top: 0; z-index: 10; }
+/* no script opens them offline: collapsed sections ("Show more info") stay open */
+.collapse { display: block; } .sticky-top, .sticky { position: sticky; top: 0; z-index: 10; }
 .navbar { display: flex; flex-wrap: wrap; align-items: center; padding: .5rem 1rem; border-bottom: 1px solid #dee2e6;
           background: #f8f9fa; }
 .navbar-brand img { height: 28px; } .nav { display: flex; flex-direction: column; padding: 0; list-style: none; }
