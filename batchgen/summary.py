@@ -9,6 +9,12 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
+def _code(code: dict[str, Any] | None) -> str:
+    if not code:
+        return "not a git checkout"
+    return f"`{code['commit'][:12]}`" + (" (with uncommitted changes)" if code.get("dirty") else "")
+
+
 def summary_markdown(manifest: dict[str, Any]) -> str:
     counts, rates, tokens = manifest["counts"], manifest["rates"], manifest["tokens"]
     lines = [
@@ -26,6 +32,9 @@ def summary_markdown(manifest: dict[str, Any]) -> str:
         f"| output tokens (generated this run) | {tokens['generated_this_run']} |",
         f"| output tokens/s (generation) | {tokens['output_per_second']} |",
         f"| model | {manifest['model']['name']} |",
+        f"| dtype vLLM used | {(manifest.get('engine_loaded') or {}).get('dtype') or 'n/a (no engine ran)'} |",
+        f"| input SHA-256 | `{((manifest.get('input_file') or {}).get('sha256') or 'n/a')[:16]}` |",
+        f"| code | {_code(manifest.get('code'))} |",
         f"| published as | `current` -> `publications/{manifest.get('publication', '?')}` |",
         "",
         "**Rejected by reason**",

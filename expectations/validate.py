@@ -50,9 +50,12 @@ def validate_rows(rows: pd.DataFrame, spec: ExpectationsSpec, keywords: pd.Serie
     """Validate every row with a GX suite built from the job; each row gets the list of expectations it failed."""
     _quiet_gx()
     import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
 
     frame = prepare_frame(rows, keywords)
     context = gx.get_context(mode="ephemeral")  # suites need an active context, even before they are saved
+    if os.environ.get("BATCHGEN_VERBOSE") != "1":  # GX's metric bars (tqdm): noise in a batch job's log
+        context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     suite = build_suite(spec, suite_name, json_schema)
     failed: list[list[str]] = [[] for _ in range(len(frame))]
     result_json: dict[str, Any] = {"success": True, "results": [], "statistics": {}}

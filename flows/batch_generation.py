@@ -28,6 +28,7 @@ from batchgen.generation import first_pass_requests
 from batchgen.items import LoadedItems
 from batchgen.job import JobSpec, load_job, parse_overrides, job_from_dict
 from batchgen.manifest import add_tallies
+from batchgen.progress import JobProgress, tracked
 from batchgen.publish import discard, open_publication
 from batchgen.schema import frame_input_codec
 from expectations.validate import merge_results
@@ -123,9 +124,12 @@ def batch_generation(
 
     in_flight = windows_in_flight(spec)
     windows = item_windows(len(loaded.items), spec.window_size, ramp=in_flight > 1)
+    # One progress for the whole job (items done of all items, across windows and retry passes).
+    run.progress = JobProgress(spec.name, len(loaded.items) + len(loaded.rejected), spec.sampling.candidates)
     # While the engine generates one window, the next one's prompts are built and the last one's outputs
     # validated and staged: the engine is fed from several windows at once and never waits for them.
-    with ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="batchgen-window") as pool:
+    with tracked(str(Path(spec.output.dir).resolve()), run.progress), \
+            ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="batchgen-window") as pool:
         futures = []
         for index, (start, stop) in enumerate(windows):
             label = f"w{index + 1}" if len(windows) > 1 else "all"
@@ -190,6 +194,7 @@ class RunTotals:
     last_output: float | None = None
     first_commit: float | None = None
     engine_seconds: float = 0.0
+    progress: JobProgress | None = None  # the job-level progress (terminal bar, or a line every 30 s)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @contextmanager
@@ -242,6 +247,8 @@ class RunTotals:
 def run_window(spec: JobSpec, index: int, label: str, window: LoadedItems, load_rejections: list,
                keywords: pd.Series | None, staging: Path, codec: Any, run: RunTotals) -> None:
     """Prompts, the first pass, validation and retry passes of one window of items, staged into the publication."""
+    if run.progress is not None:
+        run.progress.window(label, len(window.items) + len(load_rejections))
     with run.clock("load_and_prompts"):
         prompts = build_prompts_task.with_options(task_run_name=f"build-prompts-{label}")(spec, window)
         run.model = prompts.model
@@ -273,6 +280,8 @@ def run_window(spec: JobSpec, index: int, label: str, window: LoadedItems, load_
             spec, staging, index, window.items, window.columns, quote(load_rejections + prompts.built.rejected),
             attempts, codec)
     run.add_window(counted, results)
+    if run.progress is not None:
+        run.progress.staged_window(label, counted["items"])
 
 
 if __name__ == "__main__":  # vLLM starts its workers with spawn: this module must be importable

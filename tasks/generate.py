@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from batchgen.engine import discard_engine, engine_args, get_engine, on_cpu, sta
 from batchgen.generation import GenRequest, run_requests
 from batchgen.job import JobSpec
 from batchgen.models import resolve_model
+from batchgen.progress import for_run, window_of
 from batchgen.schema import ATTEMPT_SCHEMA
 from batchgen.store import ResultStore
 
@@ -44,25 +44,26 @@ def start_engine(job: JobSpec) -> None:
 
 
 class Progress:
-    """The generate task's progress: the Prefect progress artifact, a log line at most every `every` seconds, and
-    a terminal bar when there is a terminal."""
+    """The generate task's progress: the Prefect progress artifact (updated at most every `artifact_every`
+    seconds), a log line at most every `every` seconds, and the run's job-level progress (batchgen.progress)."""
 
-    def __init__(self, job: JobSpec, label: str, total: int, every: float = 30.0):
-        self.label, self.total, self.every = label, total, every
+    def __init__(self, job: JobSpec, label: str, total: int, every: float = 30.0, artifact_every: float = 2.0):
+        self.label, self.total, self.every, self.artifact_every = label, total, every, artifact_every
         self.artifact = create_progress_artifact(progress=0.0, description=f"{job.name}: {label}, requests done (%)")
         self.started = time.monotonic()
-        self.logged = self.started
-        self.bar = None
-        if sys.stderr.isatty():
-            from tqdm import tqdm
+        self.logged = self.posted = self.started
+        self.job = for_run(str(Path(job.output.dir).resolve()))
+        self.window = window_of(label)
 
-            self.bar = tqdm(total=total, desc=f"generate [{label}]", unit="req", leave=False, mininterval=1.0)
-
-    def update(self, finished: int, fresh_tokens: int, engine_seconds: float, generated: int) -> None:
+    def update(self, finished: int, fresh_tokens: int, engine_seconds: float, generated: int,
+               final: int = 0, new_tokens: int = 0) -> None:
+        """`final`: outputs of this commit that are not cut off; `new_tokens`: its output tokens."""
         now = time.monotonic()
-        if self.bar is not None:
-            self.bar.update(finished - self.bar.n)
-        update_progress_artifact(self.artifact, progress=100.0 * finished / max(self.total, 1))
+        if self.job is not None:
+            self.job.committed(self.window, final, new_tokens)
+        if now - self.posted >= self.artifact_every:  # one API call per update: throttled, not per commit
+            self.posted = now
+            update_progress_artifact(self.artifact, progress=100.0 * finished / max(self.total, 1))
         if now - self.logged >= self.every or finished == self.total:
             self.logged = now
             rate = fresh_tokens / engine_seconds if engine_seconds else 0.0
@@ -70,9 +71,11 @@ class Progress:
             print(f"generate [{self.label}]: {finished}/{self.total} requests, {rate:.0f} output tokens/s, "
                   f"ETA {left:.0f} s")
 
+    def generating(self) -> None:
+        if self.job is not None:
+            self.job.generating()
+
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
         update_progress_artifact(self.artifact, progress=100.0)
 
 
@@ -94,11 +97,17 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Gener
     def on_commit(new_rows: list[dict], finished: int, of: int) -> None:
         nonlocal fresh_tokens, generated, first_commit_at
         store.commit(new_rows)
+        tokens, final = 0, 0
         if new_rows:  # rates count engine time only: not the engine's start, not reused results
             first_commit_at = first_commit_at or time.perf_counter()
-            fresh_tokens += sum(r["new_output_tokens"] for r in new_rows)
+            for row in new_rows:
+                tokens += row["new_output_tokens"]
+                final += row["finish_reason"] != "length"
+            fresh_tokens += tokens
             generated += len({r["request_key"] for r in new_rows})
-        progress.update(finished, fresh_tokens, time.perf_counter() - ready, generated)
+        else:  # results reused from earlier commits: counted as finished (the window's staging corrects it)
+            final = finished * job.sampling.candidates
+        progress.update(finished, fresh_tokens, time.perf_counter() - ready, generated, final, tokens)
 
     used = []  # the engine this task ran on, if it needed one
     ready = started  # when the engine was there: rates and ETAs leave its start out
@@ -107,6 +116,7 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Gener
         nonlocal ready
         used.append(get_engine(job.engine))
         ready = time.perf_counter()
+        progress.generating()
         return used[-1]
 
     try:

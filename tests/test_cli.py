@@ -98,9 +98,19 @@ def test_check_lists_exactly_the_rows_that_would_be_rejected(tmp_path):
     assert 0 < report["prompt_tokens"]["min"] <= report["prompt_tokens"]["max"] < report["prompt_tokens"]["model_limit"]
 
 
+# What vLLM, torch, GX and Prefect print unless `--verbose`: none of it may reach a default run's terminal.
+NOISE = ("[vllm", "Loading safetensors", "Calculating Metrics", "Warning", "NUMA", "| INFO", "Task run", "Flow run",
+         "it/s]")
+
+
 @pytest.mark.engine
-def test_job_runs_from_the_command_line_both_ways(tmp_path):
-    """`batchgen run`, then `python -m flows.batch_generation` on the same job: the second reuses every result."""
+def test_job_runs_from_the_command_line_both_ways(tmp_path, monkeypatch):
+    """`batchgen run`, then `python -m flows.batch_generation` on the same job: the second reuses every result.
+
+    Both as a user's terminal shows them (stderr not a terminal here, as in a log): no library noise, a
+    progress line of the whole job every BATCHGEN_PROGRESS_SECONDS, and a last line naming the report."""
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)  # the tests' own quieting: the user's default instead
+    monkeypatch.setenv("BATCHGEN_PROGRESS_SECONDS", "1")
     job = product_job(tmp_path, 6, retry={"max_passes": 1})
     path = write_job(tmp_path, job)
     manifests = []
@@ -112,6 +122,14 @@ def test_job_runs_from_the_command_line_both_ways(tmp_path):
                              module="flows.batch_generation")
         assert result.returncode == 0, f"{way}: {result.stderr[-3000:]}"
         summary = json.loads(result.stdout)
+        lines = result.stderr.splitlines()
+        assert not [line for line in lines if any(noise in line for noise in NOISE)], result.stderr[-3000:]
+        progress = [line for line in lines if line.startswith("test-products: ")]
+        assert progress and progress[-1].startswith("test-products: 4/4 items (100%)"), lines
+        assert len(lines) - len(progress) <= 3, lines  # the last line, and at most a warning or two of substance
+        published = (tmp_path / "out" / "current").resolve()
+        assert lines[-1].endswith(f"in {published}; report: {published / 'report.html'}"), lines[-1]
+        assert summary["report"] == str(published / "report.html") and (published / "report.html").is_file()
         manifest = json.loads((tmp_path / "out" / "current" / "manifest.json").read_text())
         assert summary["counts"] == manifest["counts"], way
         assert manifest["counts"]["items"] == 4, way  # --limit

