@@ -39,16 +39,28 @@ def prompts(first: int, count: int) -> list[dict]:
 
 def test_two_submitters_share_the_engine_and_each_gets_exactly_its_outputs():
     core = SlowCore(per_step=4, seconds=0.01)
+    both_in = threading.Event()
+    first_step = core.step
+
+    def step():  # the first step waits until both submitters are in, so their order does not rest on timing
+        both_in.wait(timeout=30)
+        return first_step()
+
+    core.step = step
     stream = EngineStream(core, add_per_step=64)
     got: dict[str, list[str]] = {}
+    submitted = threading.Barrier(3, timeout=30)
 
     def submit(name: str, first: int):
         submission = stream.submit(prompts(first, 10), [None] * 10)
+        submitted.wait()
         got[name] = [output.outputs[0].text for _, output in sorted(submission, key=lambda pair: pair[0])]
 
     threads = [threading.Thread(target=submit, args=("a", 100)), threading.Thread(target=submit, args=("b", 200))]
     for thread in threads:
         thread.start()
+    submitted.wait()
+    both_in.set()
     for thread in threads:
         thread.join(timeout=30)
     assert got["a"] == [f"out {100 + i}" for i in range(10)]
