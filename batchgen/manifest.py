@@ -123,6 +123,7 @@ def build_manifest(
         "retry": job.retry.model_dump(mode="json"),
         "expectations": job.expectations.model_dump(mode="json"),
         "input": job.input.model_dump(mode="json"),
+        "prompt": job.prompt.model_dump(mode="json"),
         "versions": {**package_versions(), "python": platform.python_version()},
         "machine": {"platform": platform.platform(), "processor": platform.machine()},
     }
