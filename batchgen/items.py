@@ -107,7 +107,8 @@ def _read_text(path: Path) -> str:
 
 
 class _Columns:
-    """Rows read so far, a list per column (a dict per row cost 5x the memory), and each row's line or row number."""
+    """Rows read so far, a list per column (a dict per row cost 5x the memory), and each row's number: its place
+    among the input's data rows, from 1 (a CSV header, blank lines and, for JSONL, nothing else is skipped)."""
 
     SHARED_UP_TO = 65536  # distinct values per column kept once; a column with more is mostly unique
 
@@ -193,7 +194,7 @@ def _parse_csv(path: Path, reader: Any, limit: int | None) -> tuple[_Columns, li
                     f"{path}: line {reader.line_num}: expected {len(header)} fields ({', '.join(header)}), "
                     f"found {len(values)}"
                 )
-            table.add_values([value if value != "" else None for value in values], reader.line_num)
+            table.add_values([value if value != "" else None for value in values], len(table) + 1)
             if limit is not None and len(table) >= limit:
                 break  # input.limit: the rest of the file is not read
     except csv.Error as exc:
@@ -210,6 +211,7 @@ def _parse_csv(path: Path, reader: Any, limit: int | None) -> tuple[_Columns, li
 
 def _read_jsonl(path: Path, limit: int | None = None) -> tuple[_Columns, list[Rejection]]:
     table, rejected = _Columns(), []
+    row = 0  # data rows so far: every line that is not blank, readable or not
     try:
         # newline="\n": lines end at \n only; JSON strings may hold U+2028 and other characters
         # splitlines() breaks on
@@ -217,19 +219,20 @@ def _read_jsonl(path: Path, limit: int | None = None) -> tuple[_Columns, list[Re
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
+                row += 1
                 try:
                     value = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    rejected.append(Rejection(f"line-{number}", number, "load", ["invalid_json"],
+                    rejected.append(Rejection(f"line-{number}", row, "load", ["invalid_json"],
                                               f"line {number}: {exc.msg}"))
                     continue
                 if not isinstance(value, dict):
                     rejected.append(
-                        Rejection(f"line-{number}", number, "load", ["invalid_json"],
+                        Rejection(f"line-{number}", row, "load", ["invalid_json"],
                                   f"line {number}: expected a JSON object, got {type(value).__name__}")
                     )
                     continue
-                table.add_row(value, number)
+                table.add_row(value, row)
                 if limit is not None and len(table) >= limit:
                     break  # input.limit: the rest of the file is not read
     except UnicodeDecodeError:
