@@ -81,7 +81,7 @@ def dataset_card(manifest: dict[str, Any], schemas: dict[str, pa.Schema]) -> str
     files = manifest.get("files", {})
     prompt = manifest.get("prompt") or {}
     sampling = manifest.get("sampling") or {}
-    structured = set(((sampling.get("json_schema") or {}).get("properties") or {}))
+    structured = set((sampling.get("json_schema") or {}).get("properties") or {})
     model = (manifest.get("model") or {}).get("name")
     lines = [
         "---", header.rstrip("\n"), "---", "",
@@ -97,8 +97,8 @@ def dataset_card(manifest: dict[str, Any], schemas: dict[str, pa.Schema]) -> str
         "## Counts", "",
         "| items | accepted | rejected | truncated, first pass | truncated, final | attempts |",
         "| ---: | ---: | ---: | ---: | ---: | ---: |",
-        f"| {counts.get('items')} | {counts.get('accepted')} | {counts.get('rejected')} | "
-        f"{counts.get('truncated_first_pass')} | {counts.get('truncated_final')} | {counts.get('attempts')} |", "",
+        "| " + " | ".join(str(counts.get(key)) for key in ("items", "accepted", "rejected", "truncated_first_pass",
+                                                           "truncated_final", "attempts")) + " |", "",
     ]
     if counts.get("rejected_by_reason"):
         lines += ["| rejection reason | items |", "| --- | ---: |"]

@@ -10,6 +10,7 @@ import pytest
 import batchgen.engine
 from batchgen.job import job_from_dict
 from tests.conftest import product_job, write_products
+from tests.dataset_checks import check_readers
 from tests.e2e.report_checks import check_report_in_browser
 
 pytestmark = pytest.mark.engine
@@ -63,6 +64,14 @@ def test_small_budget_is_retried_and_every_item_is_published_once(tmp_path, pref
         assert row.finish_reason == "stop" and len(row.text) >= 10
         assert names[row.item_id].casefold() in row.text.casefold()
     assert all(len(reasons) > 0 for reasons in rejected["reasons"])
+
+    # The publication is a dataset: datasets, duckdb, polars and pandas open each table (tests/dataset_checks.py);
+    # the input's own columns are flat, and row_number is the item's data row in the input, from 1.
+    check_readers(out, manifest, tmp_path / "hf-cache")
+    for table in (results, rejected):
+        assert [inputs.iloc[n - 1]["product_id"] for n in table["row_number"]] == list(table["item_id"])
+        assert list(table["name"]) == [names[i] for i in table["item_id"]]
+        assert "product_id" not in table.columns  # one id column: item_id
     assert manifest["counts"]["rejected_by_reason"] == (
         rejected["reasons"].explode().value_counts().sort_index().to_dict())
 

@@ -130,7 +130,7 @@ def s3(tmp_path_factory):
 
 
 def test_inputs_at_an_s3_url(s3, tmp_path):
-    s3.put_object(Bucket=BUCKET, Key="one/items.csv", Body="sku,name\ns1,Mug\ns2,Lamp\n".encode())
+    s3.put_object(Bucket=BUCKET, Key="one/items.csv", Body=b"sku,name\ns1,Mug\ns2,Lamp\n")
     loaded = load_items(InputSpec(path=f"s3://{BUCKET}/one/items.csv", id_column="sku"))
     assert list(loaded.items["name"]) == ["Mug", "Lamp"]
 
