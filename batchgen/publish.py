@@ -121,7 +121,7 @@ def frame_tables(accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.Da
     """
     struct, encode = codec
     names = [f.name for f in struct if f.name != id_column] if pa.types.is_struct(struct) else []
-    renamed = published_input_names(names, output_names(accepted.columns))
+    renamed = published_input_names(names, output_names(c for c in accepted.columns if c != "input"))
     fields = input_fields(struct, renamed)
 
     def flat(frame: pd.DataFrame) -> pd.DataFrame:
