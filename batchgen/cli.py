@@ -215,7 +215,7 @@ def report(
 ) -> None:
     """Rebuild the run report of a finished run: report.html and the GX Data Docs (data_docs/) in its publication.
 
-    Reads only the publication's files (manifest.json, the results, rejected and attempts Parquet files,
+    Reads only the publication's files (manifest.json, the accepted, rejected and attempts Parquet tables,
     validation.json): no engine, no Prefect server. Prints the path of report.html.
     Exit code 4 if RUN_DIR is not a publication.
     """

@@ -1,5 +1,9 @@
 """Loading the input table into items with stable ids.
 
+The input is one file or several (a folder or glob of Parquet files, a datasets save_to_disk folder, a
+URL: batchgen.sources), read as it is parsed, so `input.limit` stops reading early. Rows are numbered
+across the files in order, from 1.
+
 Rules, per case (errors are data, see docs/nothing-lost.md):
 - a file that cannot be read as a table at all (missing, a directory, empty, not UTF-8,
   a CSV whose rows do not line up) raises DataError naming the file and the line;
@@ -20,8 +24,9 @@ import hashlib
 import json
 import math
 import os
+import re
 from array import array
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +37,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchgen.job import InputSpec
+from batchgen.sources import FORMATS, SAVED, InputFile, SourceError, resolve
 
-SUFFIX_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 RESERVED_COLUMNS = ("item_id", "row_number")
 
 
@@ -60,16 +65,26 @@ class LoadedItems:
     columns: list[str] = field(default_factory=list)
 
 
-def detect_format(spec: InputSpec) -> str:
-    if spec.format:
-        return spec.format
-    suffix = Path(spec.path).suffix.lower()
-    if suffix not in SUFFIX_FORMATS:
+def input_files(spec: InputSpec) -> tuple[list[InputFile], str]:
+    """The files of the input, in reading order, and their format; DataError naming the path if there are none."""
+    path = Path(spec.path)
+    if "://" not in spec.path and not (set("*?[") & set(spec.path)) and not path.is_dir():
+        _check_file(path)
+    try:
+        files, fmt = resolve(spec.path, spec.format)
+    except SourceError as exc:
+        raise DataError(str(exc)) from None
+    if fmt is None:
+        suffix = Path(str(files[0])).suffix.lower()
         raise DataError(
             f"{spec.path}: cannot tell the format from the suffix {suffix or '(none)'!r}; "
-            f"set input.format to one of csv, jsonl, parquet"
+            f"set input.format to one of {', '.join(FORMATS)}"
         )
-    return SUFFIX_FORMATS[suffix]
+    if len(files) > 1 or "://" in spec.path:
+        for file in files:
+            if file.local:
+                _check_file(Path(file.path))
+    return files, fmt
 
 
 def content_id(row: dict[str, Any]) -> str:
@@ -88,15 +103,14 @@ def _check_file(path: Path) -> None:
                     raise DataError(f"{path}: the input is a symbolic link that loops back on itself") from None
             raise DataError(f"{path}: the input is a symbolic link to {os.readlink(path)}, which does not exist")
         raise DataError(f"{path}: input file not found")
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory; input.path must name a file")
     if path.stat().st_size == 0:
         raise DataError(f"{path}: input file is empty")
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: InputFile) -> str:
     try:
-        raw = path.read_bytes()
+        with path.open_binary() as handle:
+            raw = handle.read()
     except OSError as exc:  # unreadable for this user, a folder in the way, a device error
         raise DataError(f"{path}: the input cannot be read: {exc.strerror or exc}") from None
     try:
@@ -107,7 +121,8 @@ def _read_text(path: Path) -> str:
 
 
 class _Columns:
-    """Rows read so far, a list per column (a dict per row cost 5x the memory), and each row's line or row number."""
+    """Rows read so far, a list per column (a dict per row cost 5x the memory), and each row's number: its place
+    among the input's data rows, from 1 (a CSV header, blank lines and, for JSONL, nothing else is skipped)."""
 
     SHARED_UP_TO = 65536  # distinct values per column kept once; a column with more is mostly unique
 
@@ -118,6 +133,18 @@ class _Columns:
         # A CSV cell is a new str even when its text repeats (a category, a feature): one object per distinct
         # text instead (1M example rows: 625 -> 490 MB peak RSS).
         self._shared: list[dict[str, str] | None] = [{} for _ in self.names]
+        self.seen = 0  # data rows read, those rejected as unreadable included
+
+    def extend(self, more: _Columns, offset: int) -> None:
+        """Append the rows of another file, numbered after this one's `offset` rows."""
+        count = len(self)
+        for name in more.names:
+            if name not in self.data:  # a column only later files have: empty on the rows before
+                self.names.append(name)
+                self.data[name] = [None] * count
+        for name, column in self.data.items():
+            column.extend(more.data[name] if name in more.data else [None] * len(more))
+        self.numbers.extend(array("q", (number + offset for number in more.numbers)))
 
     def add_values(self, values: list[str | None], number: int) -> None:
         for k, (column, value, shared) in enumerate(zip(self.data.values(), values, self._shared)):
@@ -142,15 +169,15 @@ class _Columns:
         return len(self.numbers)
 
 
-def _open_text(path: Path, newline: str):
+def _open_text(path: InputFile, newline: str):
     """The file as UTF-8 text read as it is parsed (a byte-order mark is accepted and dropped)."""
     try:
-        return open(path, encoding="utf-8-sig", newline=newline)
+        return path.open_text(newline)
     except OSError as exc:  # unreadable for this user, a folder in the way, a device error
         raise DataError(f"{path}: the input cannot be read: {exc.strerror or exc}") from None
 
 
-def _not_utf8(path: Path) -> DataError:
+def _not_utf8(path: InputFile) -> DataError:
     """The precise error (line, byte, offset) for a file that failed to decode while streaming."""
     try:
         _read_text(path)
@@ -159,10 +186,10 @@ def _not_utf8(path: Path) -> DataError:
     return DataError(f"{path}: not UTF-8")
 
 
-def _read_csv(path: Path, limit: int | None = None) -> tuple[_Columns, list[Rejection]]:
+def _read_csv(path: InputFile, limit: int | None = None) -> tuple[_Columns, list[Rejection]]:
     # Python's csv refuses a field over 131,072 characters, and with it the whole file; a long cell is the
     # row's problem (prompt_too_long), as it is in JSONL.
-    csv.field_size_limit(max(csv.field_size_limit(), path.stat().st_size + 1))
+    csv.field_size_limit(max(csv.field_size_limit(), path.size() + 1))
     try:
         # newline="": rows end only at \n, \r\n or \r (outside quotes), never at U+2028 and kin.
         with _open_text(path, newline="") as handle:
@@ -171,7 +198,7 @@ def _read_csv(path: Path, limit: int | None = None) -> tuple[_Columns, list[Reje
         raise _not_utf8(path) from None
 
 
-def _parse_csv(path: Path, reader: Any, limit: int | None) -> tuple[_Columns, list[Rejection]]:
+def _parse_csv(path: InputFile, reader: Any, limit: int | None) -> tuple[_Columns, list[Rejection]]:
     try:
         header = next(reader)
     except StopIteration:
@@ -193,7 +220,7 @@ def _parse_csv(path: Path, reader: Any, limit: int | None) -> tuple[_Columns, li
                     f"{path}: line {reader.line_num}: expected {len(header)} fields ({', '.join(header)}), "
                     f"found {len(values)}"
                 )
-            table.add_values([value if value != "" else None for value in values], reader.line_num)
+            table.add_values([value if value != "" else None for value in values], len(table) + 1)
             if limit is not None and len(table) >= limit:
                 break  # input.limit: the rest of the file is not read
     except csv.Error as exc:
@@ -205,11 +232,13 @@ def _parse_csv(path: Path, reader: Any, limit: int | None) -> tuple[_Columns, li
         raise DataError(f"{path}: no columns")
     if not len(table):
         raise DataError(f"{path}: input file has no rows, only a header ({', '.join(header)})")
+    table.seen = len(table)
     return table, []
 
 
-def _read_jsonl(path: Path, limit: int | None = None) -> tuple[_Columns, list[Rejection]]:
+def _read_jsonl(path: InputFile, limit: int | None = None) -> tuple[_Columns, list[Rejection]]:
     table, rejected = _Columns(), []
+    row = 0  # data rows so far: every line that is not blank, readable or not
     try:
         # newline="\n": lines end at \n only; JSON strings may hold U+2028 and other characters
         # splitlines() breaks on
@@ -217,55 +246,165 @@ def _read_jsonl(path: Path, limit: int | None = None) -> tuple[_Columns, list[Re
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
+                row += 1
                 try:
                     value = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    rejected.append(Rejection(f"line-{number}", number, "load", ["invalid_json"],
+                    rejected.append(Rejection(f"line-{number}", row, "load", ["invalid_json"],
                                               f"line {number}: {exc.msg}"))
                     continue
                 if not isinstance(value, dict):
                     rejected.append(
-                        Rejection(f"line-{number}", number, "load", ["invalid_json"],
+                        Rejection(f"line-{number}", row, "load", ["invalid_json"],
                                   f"line {number}: expected a JSON object, got {type(value).__name__}")
                     )
                     continue
-                table.add_row(value, number)
+                table.add_row(value, row)
                 if limit is not None and len(table) >= limit:
                     break  # input.limit: the rest of the file is not read
     except UnicodeDecodeError:
         raise _not_utf8(path) from None
     if not len(table) and not rejected:
         raise DataError(f"{path}: input file has no rows")
+    table.seen = row
     return table, rejected
 
 
-def _read_parquet(path: Path, id_column: str | None = None, limit: int | None = None) -> tuple[_Columns, list[Rejection]]:
+def _read_json(path: InputFile, limit: int | None = None) -> tuple[_Columns, list[Rejection]]:
+    """A JSON array of objects, decoded one element at a time (`json_elements`); an element that is not an
+    object is a rejected row (invalid_json), as a JSONL line is."""
+    table, rejected, row = _Columns(), [], 0
     try:
-        parquet = pq.ParquetFile(path)
+        with _open_text(path, newline="") as handle:
+            for line, value in json_elements(handle):
+                row += 1
+                if not isinstance(value, dict):
+                    rejected.append(Rejection(f"element-{row}", row, "load", ["invalid_json"],
+                                              f"element {row} (line {line}): expected a JSON object, "
+                                              f"got {type(value).__name__}"))
+                    continue
+                table.add_row(value, row)
+                if limit is not None and len(table) >= limit:
+                    break  # input.limit: the rest of the file is not read
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+    except ValueError as exc:
+        raise DataError(f"{path}: {exc}") from None
+    if not row:
+        raise DataError(f"{path}: input file has no rows (an empty JSON array)")
+    table.seen = row
+    return table, rejected
+
+
+def json_elements(handle: Any, block: int = 1 << 16) -> Iterator[tuple[int, Any]]:
+    """(line, element) of a JSON array read from a text stream a block at a time; ValueError naming the line
+    where the text stops being a JSON array."""
+    decoder = json.JSONDecoder()
+    buffer, position, line, eof, state = "", 0, 1, False, "start"  # state: start, first, value, comma
+
+    def fill() -> None:
+        nonlocal buffer, position, eof
+        more = handle.read(block)
+        eof = not more
+        buffer, position = buffer[position:] + more, 0
+
+    while True:
+        blank = _JSON_SPACE.match(buffer, position).end()
+        line += buffer.count("\n", position, blank)
+        position = blank
+        if position == len(buffer):
+            if eof:
+                raise ValueError("input file is empty" if state == "start" else
+                                 f"line {line}: the JSON array is never closed")
+            fill()
+            continue
+        char = buffer[position]
+        if state == "start":
+            if char != "[":
+                raise ValueError(f"line {line}: expected a JSON array of objects, found {char!r}")
+            position, state = position + 1, "first"
+            continue
+        if char == "]" and state in ("first", "comma"):
+            return
+        if state == "comma":
+            if char != ",":
+                raise ValueError(f"line {line}: not a JSON array: expected ',' or ']', found {char!r}")
+            position, state = position + 1, "value"
+            continue
+        try:
+            value, end = decoder.raw_decode(buffer, position)
+        except json.JSONDecodeError as exc:
+            if not eof:
+                fill()  # the element may go on in the next block
+                continue
+            raise ValueError(f"line {line + buffer.count(chr(10), position, exc.pos)}: not a JSON array: "
+                             f"{exc.msg}") from None
+        if end == len(buffer) and not eof:
+            fill()  # a number or literal may go on in the next block: decode it again with more
+            continue
+        yield line, value
+        line += buffer.count("\n", position, end)
+        position, state = end, "comma"
+
+
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _check_id_type(path: InputFile, schema: pa.Schema, id_column: str | None, what: str) -> None:
+    if id_column in schema.names:
+        kind = schema.field(id_column).type
+        if (pa.types.is_nested(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+                or pa.types.is_fixed_size_binary(kind) or pa.types.is_boolean(kind)):
+            raise DataError(f"{path}: field {id_column} (input.id_column) has {what} type {kind}; "
+                            f"ids must be text or integers")
+
+
+def _columns_of(table: pa.Table, limit: int | None) -> _Columns:
+    if limit is not None:
+        table = table.slice(0, limit)
+    columns = _Columns(table.column_names)
+    columns.data = {name: table.column(name).to_pylist() for name in table.column_names}
+    columns.numbers = array("q", range(1, table.num_rows + 1))
+    columns.seen = table.num_rows
+    return columns
+
+
+def _first_batches(batches: Any, schema: pa.Schema, limit: int | None) -> pa.Table:
+    """All batches, or (input.limit) only those the first `limit` rows are in: the rest is not read."""
+    kept, count = [], 0
+    for batch in batches:
+        kept.append(batch)
+        count += batch.num_rows
+        if limit is not None and count >= limit:
+            break
+    return pa.Table.from_batches(kept, schema=schema)
+
+
+def _read_parquet(path: InputFile, id_column: str | None = None, limit: int | None = None,
+                  single: bool = True) -> tuple[_Columns, list[Rejection]]:
+    try:
+        parquet = pq.ParquetFile(path.open_random())
         schema = parquet.schema_arrow
-        if id_column in schema.names:
-            kind = schema.field(id_column).type
-            if (pa.types.is_nested(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
-                    or pa.types.is_fixed_size_binary(kind) or pa.types.is_boolean(kind)):
-                raise DataError(f"{path}: field {id_column} (input.id_column) has Parquet type {kind}; "
-                                f"ids must be text or integers")
-        if limit is None:
-            table = parquet.read()
-        else:  # input.limit: only the row groups the first rows are in
-            batches, count = [], 0
-            for batch in parquet.iter_batches():
-                batches.append(batch)
-                count += batch.num_rows
-                if count >= limit:
-                    break
-            table = pa.Table.from_batches(batches, schema=schema).slice(0, limit)
-        columns = _Columns(table.column_names)
-        columns.data = {name: table.column(name).to_pylist() for name in table.column_names}
-        columns.numbers = array("q", range(1, table.num_rows + 1))
+        _check_id_type(path, schema, id_column, "Parquet")
+        table = parquet.read() if limit is None else _first_batches(parquet.iter_batches(), schema, limit)
+        columns = _columns_of(table, limit)
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{path}: not a readable Parquet file: {exc}") from None
-    if not len(columns):
+    if not len(columns) and single:
         raise DataError(f"{path}: input file has no rows (Parquet schema: {', '.join(schema.names) or 'none'})")
+    return columns, []
+
+
+def _read_saved(path: InputFile, id_column: str | None = None, limit: int | None = None,
+                single: bool = True) -> tuple[_Columns, list[Rejection]]:
+    """One Arrow file of a datasets save_to_disk folder (an Arrow IPC stream), a record batch at a time."""
+    try:
+        source = pa.memory_map(path.path) if path.local else path.open_random()
+        reader = pa.ipc.open_stream(source)
+        _check_id_type(path, reader.schema, id_column, "Arrow")
+        columns = _columns_of(_first_batches(reader, reader.schema, limit), limit)
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{path}: not a readable Arrow file of a datasets save_to_disk folder: {exc}") from None
     return columns, []
 
 
@@ -284,7 +423,37 @@ def item_id_of(value: Any) -> tuple[str | None, str]:
     return None, "bad_id"
 
 
-READERS = {"csv": _read_csv, "jsonl": _read_jsonl, "parquet": _read_parquet}
+READERS = {"csv": _read_csv, "jsonl": _read_jsonl, "json": _read_json}
+TABLE_READERS = {"parquet": _read_parquet, SAVED: _read_saved}
+
+
+def read_rows(spec: InputSpec) -> tuple[_Columns, list[Rejection]]:
+    """The rows of every input file in order, numbered across the files, up to `input.limit` rows."""
+    files, fmt = input_files(spec)
+    table: _Columns | None = None
+    rejected: list[Rejection] = []
+    for file in files:
+        left = None if spec.limit is None else spec.limit - (len(table) if table is not None else 0)
+        if left is not None and left <= 0:
+            break
+        if fmt in TABLE_READERS:
+            part, more = TABLE_READERS[fmt](file, spec.id_column, left, single=len(files) == 1)
+        else:
+            part, more = READERS[fmt](file, left)
+        offset = table.seen if table is not None else 0
+        for rejection in more:
+            rejection.row_number += offset
+            if len(files) > 1:
+                rejection.detail = f"{file}: {rejection.detail}"
+        rejected += more
+        if table is None:
+            table = part
+        else:
+            table.extend(part, offset)
+            table.seen = offset + part.seen
+    if not len(table) and not rejected:
+        raise DataError(f"{spec.path}: the input has no rows ({len(files)} files)")
+    return table, rejected
 
 
 def _describe(value: Any) -> str:
@@ -321,6 +490,8 @@ _LAST: tuple[tuple, LoadedItems] | None = None
 
 
 def _load_key(spec: InputSpec) -> tuple | None:
+    if "://" in spec.path or set("*?[") & set(spec.path) or Path(spec.path).is_dir():
+        return None  # one local file only: many files, or a URL, are loaded again
     try:
         stat = Path(spec.path).stat()
     except OSError:
@@ -345,14 +516,9 @@ def take_kept_load(spec: InputSpec) -> LoadedItems | None:
 
 
 def load_items(spec: InputSpec) -> LoadedItems:
-    """Read the input file and give every row a stable item id; unusable rows become rejections."""
-    path = Path(spec.path)
-    _check_file(path)
-    fmt = detect_format(spec)
-    if fmt == "parquet":
-        table, rejected = _read_parquet(path, spec.id_column, spec.limit)
-    else:
-        table, rejected = READERS[fmt](path, spec.limit)
+    """Read the input and give every row a stable item id; unusable rows become rejections."""
+    path = spec.path
+    table, rejected = read_rows(spec)
     columns, data, numbers = table.names, table.data, table.numbers
 
     clash = [name for name in RESERVED_COLUMNS if name in columns and name != spec.id_column]

@@ -25,9 +25,10 @@ class _Section(BaseModel):
 
 
 class InputSpec(_Section):
-    path: str = Field(description="CSV, JSONL or Parquet file, one item per row.")
-    format: Literal["csv", "jsonl", "parquet"] | None = Field(
-        None, description="File format; taken from the suffix when absent."
+    path: str = Field(description="The items, one per row: a CSV, JSONL, JSON-array or Parquet file, a folder or "
+                      "glob of Parquet files, a datasets save_to_disk folder; local or an s3:// or gs:// URL.")
+    format: Literal["csv", "jsonl", "json", "parquet"] | None = Field(
+        None, description="File format; taken from the suffix when absent (a folder: Parquet)."
     )
     id_column: str | None = Field(
         None, description="Column with a unique item id; otherwise a stable id is hashed from the row."

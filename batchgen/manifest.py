@@ -126,7 +126,7 @@ def build_manifest(
         "model": {**model, **provenance.model_provenance(job, model)},
         "engine": {k: v for k, v in engine_args.items() if k not in ("model", "tokenizer")},
         "engine_loaded": provenance.engine_provenance(job, engine_args),
-        "prompt": provenance.prompt_provenance(job),
+        "prompt": {**job.prompt.model_dump(mode="json"), **provenance.prompt_provenance(job)},
         "input_file": provenance.input_provenance(job, items),
         "sampling": job.sampling.model_dump(mode="json"),
         "retry": job.retry.model_dump(mode="json"),

@@ -3,9 +3,14 @@
 Layout of `output.dir`:
 
     current -> publications/<id>     the complete publication readers use (a symlink)
-    publications/<id>/               one directory per run: results, rejected, attempts,
-                                     validation, manifest (written last, with each file's
-                                     SHA-256), and whatever else the run adds before commit
+    publications/<id>/               one directory per run, a dataset (docs/datasets.md):
+        README.md                    the dataset card; its `configs` name each table's folder
+        accepted/accepted.parquet    one folder per table, so a glob over a folder reads one table
+        rejected/rejected.parquet
+        attempts/attempts.parquet
+        jsonl/<table>.jsonl          the JSON-lines mirrors (output.jsonl)
+        validation.json, manifest.json (written last, with each file's SHA-256), and whatever
+                                     else the run adds before commit (report.html, data_docs/)
     .batchgen/                       the durable result store and the publication history
 
 `stage` writes a new publication directory that no reader looks at yet; anything else
@@ -33,12 +38,18 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchgen.schema import accepted_schema, attempts_schema, input_codec, rejected_schema
+from batchgen.card import dataset_card
+from batchgen.schema import accepted_schema, attempts_schema, input_codec, input_fields, output_names, \
+    published_input_names, rejected_schema
 from batchgen.store import write_atomic
 
-RESULTS = "results.parquet"
-REJECTED = "rejected.parquet"
-ATTEMPTS = "attempts.parquet"
+ACCEPTED_TABLE, REJECTED_TABLE, ATTEMPTS_TABLE = "accepted", "rejected", "attempts"
+RESULTS = f"{ACCEPTED_TABLE}/{ACCEPTED_TABLE}.parquet"
+REJECTED = f"{REJECTED_TABLE}/{REJECTED_TABLE}.parquet"
+ATTEMPTS = f"{ATTEMPTS_TABLE}/{ATTEMPTS_TABLE}.parquet"
+TABLE_FILES = {ACCEPTED_TABLE: RESULTS, REJECTED_TABLE: REJECTED, ATTEMPTS_TABLE: ATTEMPTS}
+JSONL_DIR = "jsonl"  # the mirrors live apart from the Parquet folders, so a folder holds one table's Parquet only
+CARD = "README.md"
 VALIDATION = "validation.json"
 MANIFEST = "manifest.json"
 CURRENT = "current"
@@ -81,6 +92,11 @@ def write_text_atomic(text: str, path: Path) -> None:
             tmp.unlink()
 
 
+def mirror_name(name: str) -> str:
+    """The JSON-lines mirror of a table file: accepted/accepted.parquet -> jsonl/accepted.jsonl."""
+    return f"{JSONL_DIR}/{Path(name).stem}.jsonl"
+
+
 def _jsonl(table: pa.Table) -> str:
     return "".join(json.dumps(row, ensure_ascii=False, default=str) + "\n" for row in table.to_pylist())
 
@@ -97,14 +113,26 @@ def new_publication_id(now: datetime | None = None) -> str:
 
 
 def frame_tables(accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.DataFrame,
-                 codec: tuple[pa.DataType, Callable[[Any], Any]]) -> dict[str, pa.Table]:
-    """The published tables from assembled frames, the inputs encoded with `codec` (`input_codec`)."""
+                 codec: tuple[pa.DataType, Callable[[Any], Any]], id_column: str | None = None) -> dict[str, pa.Table]:
+    """The published tables from assembled frames, the inputs encoded with `codec` (`input_codec`).
+
+    Each input column becomes a column of its own (`published_input_names`: an input column named like one of
+    batchgen's gets the prefix `input_`); the id column is not repeated, `item_id` holds its value.
+    """
     struct, encode = codec
-    accepted = accepted.assign(input=[encode(value) for value in accepted["input"]])
-    rejected = rejected.assign(input=[encode(value) for value in rejected["input"]])
+    names = [f.name for f in struct if f.name != id_column] if pa.types.is_struct(struct) else []
+    renamed = published_input_names(names, output_names(c for c in accepted.columns if c != "input"))
+    fields = input_fields(struct, renamed)
+
+    def flat(frame: pd.DataFrame) -> pd.DataFrame:
+        encoded = [encode(value) for value in frame["input"]]
+        columns = {renamed[name]: [row.get(name) if row else None for row in encoded] for name in names}
+        return frame.drop(columns="input").assign(**columns) if columns else frame.drop(columns="input")
+
+    accepted, rejected = flat(accepted), flat(rejected)
     return {
-        RESULTS: to_table(accepted, accepted_schema(struct, accepted)),
-        REJECTED: to_table(rejected, rejected_schema(struct)),
+        RESULTS: to_table(accepted, accepted_schema(fields, accepted)),
+        REJECTED: to_table(rejected, rejected_schema(fields)),
         ATTEMPTS: to_table(attempts, attempts_schema()),
     }
 
@@ -117,10 +145,11 @@ def stage(
     validation: list[dict[str, Any]],
     manifest: dict[str, Any],
     jsonl: bool,
+    id_column: str | None = None,
 ) -> tuple[dict[str, Any], Path]:
     """Write a new publication directory (manifest last); readers do not see it until `commit`."""
     codec = input_codec(list(accepted["input"]) + list(rejected["input"]))
-    tables = frame_tables(accepted, rejected, attempts, codec)
+    tables = frame_tables(accepted, rejected, attempts, codec, id_column)
     return stage_tables(out_dir, tables, validation, manifest, jsonl)
 
 
@@ -215,7 +244,7 @@ def stage_parts(
     for name in names:
         parts = sorted(parts_dir.glob(f"{Path(name).stem}-*.parquet"))
         schema = unified_schema([pq.read_schema(path) for path in parts])
-        files.update(_write_table((pq.read_table(path) for path in parts), schema, Path(staging) / name, jsonl))
+        files.update(_write_table((pq.read_table(path) for path in parts), schema, Path(staging), name, jsonl))
     shutil.rmtree(parts_dir, ignore_errors=True)
     return _seal(Path(staging), files, validation, manifest)
 
@@ -236,10 +265,14 @@ def unified_schema(schemas: list[pa.Schema]) -> pa.Schema:
     return pa.schema([pa.field(f.name, pa.string()) if pa.types.is_null(f.type) else f for f in unified])
 
 
-def _write_table(tables: Iterable[pa.Table], schema: pa.Schema, path: Path, jsonl: bool) -> dict[str, Any]:
-    """Write tables one after another into one Parquet file (and its JSON-lines mirror), atomically."""
+def _write_table(tables: Iterable[pa.Table], schema: pa.Schema, staging: Path, name: str,
+                 jsonl: bool) -> dict[str, Any]:
+    """Write tables one after another into one Parquet file `name` (and its JSON-lines mirror), atomically."""
+    path, mirror = staging / name, staging / mirror_name(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if jsonl:
+        mirror.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    mirror = path.with_suffix(".jsonl")
     tmp_mirror = mirror.with_name(f".{mirror.name}.{uuid.uuid4().hex}.tmp")
     rows = 0
     try:
@@ -263,9 +296,9 @@ def _write_table(tables: Iterable[pa.Table], schema: pa.Schema, path: Path, json
         for leftover in (tmp, tmp_mirror):
             if leftover.exists():
                 leftover.unlink()
-    files = {path.name: {"rows": rows, "sha256": _sha256(path)}}
+    files = {name: {"rows": rows, "sha256": _sha256(path)}}
     if jsonl:
-        files[mirror.name] = {"rows": rows, "sha256": _sha256(mirror)}
+        files[mirror_name(name)] = {"rows": rows, "sha256": _sha256(mirror)}
     return files
 
 
@@ -297,7 +330,7 @@ def stage_streams(
     try:
         files: dict[str, dict[str, Any]] = {}
         for name, (schema, pieces) in streams.items():
-            files.update(_write_table(pieces, schema, staging / name, jsonl))
+            files.update(_write_table(pieces, schema, staging, name, jsonl))
         return _seal(staging, files, validation, manifest)
     except BaseException:
         if opened:  # this call's own staging: nobody else will finish it
@@ -307,9 +340,14 @@ def stage_streams(
 
 def _seal(staging: Path, files: dict[str, dict[str, Any]], validation: list[dict[str, Any]],
           manifest: dict[str, Any]) -> tuple[dict[str, Any], Path]:
-    """Write validation.json, then the manifest with every file's rows and SHA-256: last, so its presence means done."""
+    """Write validation.json and the dataset card, then the manifest with every file's rows and SHA-256: last, so its
+    presence means done."""
     write_text_atomic(json.dumps(validation, ensure_ascii=False, indent=1, default=str), staging / VALIDATION)
     files = {**files, VALIDATION: {"sha256": _sha256(staging / VALIDATION)}}
+    schemas = {table: pq.read_schema(staging / name) for table, name in TABLE_FILES.items() if name in files}
+    card = dataset_card({**manifest, "publication": staging.name, "files": files}, schemas)
+    write_text_atomic(card, staging / CARD)
+    files[CARD] = {"sha256": _sha256(staging / CARD)}
     manifest = {**manifest, "publication": staging.name, "files": files}
     write_text_atomic(json.dumps(manifest, ensure_ascii=False, indent=2, default=str), staging / MANIFEST)
     return manifest, staging
@@ -367,9 +405,10 @@ def publish(
     manifest: dict[str, Any],
     jsonl: bool,
     keep: int = 3,
+    id_column: str | None = None,
 ) -> dict[str, Any]:
     """Stage and commit in one step; returns the manifest as written (publication id, file rows and hashes)."""
-    written, staging = stage(out_dir, accepted, rejected, attempts, validation, manifest, jsonl)
+    written, staging = stage(out_dir, accepted, rejected, attempts, validation, manifest, jsonl, id_column)
     commit(out_dir, staging, keep)
     return written
 

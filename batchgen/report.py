@@ -569,7 +569,7 @@ PAGE = """<!doctype html>
 <table id="timings"><tr><th>step</th><th>seconds</th></tr>
 {% for step, seconds in m.timings_seconds.items() %}<tr><td>{{ step }}</td><td class="n">{{ seconds }}</td></tr>
 {% endfor %}</table>
-<p class="muted">Files: manifest.json, results.parquet, rejected.parquet, attempts.parquet, validation.json.
+<p class="muted">Files: README.md (the dataset card), accepted/, rejected/, attempts/ (one Parquet table each), manifest.json, validation.json.
 Rebuild this page and data_docs/ with <code>batchgen report</code> on this folder.</p>
 </body></html>
 """

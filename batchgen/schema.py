@@ -113,16 +113,58 @@ OPTIONAL_RESULT_FIELDS = {
 }
 
 
-def accepted_schema(input_struct: pa.DataType, frame: Any = None) -> pa.Schema:
-    """The results table; columns of `frame` beyond the fixed ones (structured-output fields) follow `input`.
+INPUT_PREFIX = "input_"  # an input column named like an output column is published as input_<name>
+INPUT_COLUMN_KEY = b"batchgen.input_column"  # field metadata of a published input column: its name in the input
+
+
+def output_names(extra: Any = ()) -> set[str]:
+    """Every column name batchgen itself publishes in the accepted and rejected tables (plus `extra`, e.g. the
+    structured-output fields of a job): the names an input column may not keep."""
+    base = {name for name in _accepted_base([]).names} | set(rejected_schema([]).names)
+    return base | set(OPTIONAL_RESULT_FIELDS) | set(extra)
+
+
+def published_input_names(names: list[str], taken: set[str]) -> dict[str, str]:
+    """{input column: its published name}: its own name, or, where that is one of `taken` (batchgen's columns),
+    `input_<name>` (prefixed again until no other column has it). An input's own `input_text` keeps its name."""
+    used = set(taken) | {name for name in names if name not in taken}
+    out = {}
+    for name in names:
+        if name not in taken:
+            out[name] = name
+            continue
+        published = INPUT_PREFIX + name
+        while published in used:
+            published = INPUT_PREFIX + published
+        used.add(published)
+        out[name] = published
+    return out
+
+
+def input_fields(input_struct: Any, renamed: dict[str, str] | None = None) -> list[pa.Field]:
+    """The flat columns of the input struct: those in `renamed`, under their published names (all, under their
+    own, without it), each with its input name in its metadata (INPUT_COLUMN_KEY); none if it is not a struct
+    (a run whose rows were all unreadable). A list of fields is taken as it is."""
+    if isinstance(input_struct, list):
+        return input_struct
+    if not pa.types.is_struct(input_struct):
+        return []
+    renamed = renamed if renamed is not None else {f.name: f.name for f in input_struct}
+    return [pa.field(renamed[f.name], f.type, metadata={INPUT_COLUMN_KEY: f.name})
+            for f in input_struct if f.name in renamed]
+
+
+def accepted_schema(inputs: Any, frame: Any = None) -> pa.Schema:
+    """The accepted table: batchgen's columns, the input's own columns flat (`inputs`: their fields, or the input
+    struct), then columns of `frame` beyond the fixed ones (candidates, logprobs, structured-output fields).
 
     Structured-output fields hold scalars (objects and arrays as JSON text), so Arrow's type of their values is
     the column type.
     """
-    schema = _accepted_base(input_struct)
+    schema = _accepted_base(input_fields(inputs))
     if frame is not None:
         for name in frame.columns:
-            if name in schema.names:
+            if name in schema.names or name == "input":
                 continue
             if name in OPTIONAL_RESULT_FIELDS:
                 schema = schema.append(pa.field(name, OPTIONAL_RESULT_FIELDS[name]))
@@ -140,7 +182,7 @@ def _missing(value: Any) -> bool:
         return False
 
 
-def _accepted_base(input_struct: pa.DataType) -> pa.Schema:
+def _accepted_base(inputs: list[pa.Field]) -> pa.Schema:
     return pa.schema([
         ("item_id", pa.string()),
         ("row_number", pa.int64()),
@@ -155,11 +197,12 @@ def _accepted_base(input_struct: pa.DataType) -> pa.Schema:
         ("max_tokens", pa.int32()),
         ("request_id", pa.string()),
         ("prompt", pa.string()),
-        ("input", input_struct),
+        *inputs,
     ])
 
 
-def rejected_schema(input_struct: pa.DataType) -> pa.Schema:
+def rejected_schema(inputs: Any) -> pa.Schema:
+    """The rejected table: batchgen's columns, then the input's own columns flat (as in `accepted_schema`)."""
     return pa.schema([
         ("item_id", pa.string()),
         ("row_number", pa.int64()),
@@ -171,7 +214,7 @@ def rejected_schema(input_struct: pa.DataType) -> pa.Schema:
         ("text", pa.string()),
         ("finish_reason", pa.string()),
         ("n_output_tokens", pa.int32()),
-        ("input", input_struct),
+        *input_fields(inputs),
     ])
 
 

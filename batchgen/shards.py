@@ -79,6 +79,7 @@ def _read_shard(source: Path | str, spill: Path | None) -> tuple[dict[str, Any],
         manifest, files = read_current_files(str(source))
         spill.mkdir(parents=True)
         for name in TABLES:
+            (spill / name).parent.mkdir(parents=True, exist_ok=True)
             (spill / name).write_bytes(files[name])
         return manifest, {name: spill / name for name in TABLES}, json.loads(files[VALIDATION])
     publication = current_publication(Path(source))

@@ -54,12 +54,14 @@ def shard_tables(ids: list[str]) -> dict:
         "text": [f"{TEXT} ({i})" for i in ids for _ in (1, 2)],
         "output_token_ids": [tokens for _ in ids for _ in (1, 2)],
         "finish_reason": ["length", "stop"] * len(ids)})
-    return {"results.parquet": results, "rejected.parquet": rejected_table, "attempts.parquet": attempts}
+    from batchgen.publish import ATTEMPTS, REJECTED, RESULTS
+
+    return {RESULTS: results, REJECTED: rejected_table, ATTEMPTS: attempts}
 
 
 def write_shards(root: Path, n: int) -> tuple[list[Path], list[str]]:
     """Two shard publications of n items in all, committed the way a shard's run commits its own."""
-    from batchgen.publish import commit, stage_tables
+    from batchgen.publish import REJECTED, RESULTS, commit, stage_tables
     from batchgen.shards import SUMMED, shard_dir
 
     ids = [f"p{j:07d}" for j in range(n)]
@@ -68,9 +70,9 @@ def write_shards(root: Path, n: int) -> tuple[list[Path], list[str]]:
         mine = ids[index::SHARDS]
         tables = shard_tables(mine)
         counts = {key: 0 for key in SUMMED}
-        counts.update(items=len(mine), accepted=tables["results.parquet"].num_rows,
-                      rejected=tables["rejected.parquet"].num_rows, generated_items=len(mine),
-                      attempts=2 * len(mine), rejected_by_reason={"truncated": tables["rejected.parquet"].num_rows})
+        accepted, rejected = tables[RESULTS].num_rows, tables[REJECTED].num_rows
+        counts.update(items=len(mine), accepted=accepted, rejected=rejected, generated_items=len(mine),
+                      attempts=2 * len(mine), rejected_by_reason={"truncated": rejected})
         manifest = {"job": "memory-merge", "counts": counts, "flow_run_id": f"shard-{index}",
                     "tokens": {"prompt": 80 * len(mine), "output": 192 * len(mine), "generated_this_run": 0},
                     "timings_seconds": {"engine_calls": 1.0}}
@@ -86,9 +88,9 @@ def merge_whole(out: Path, dirs: list[Path], manifest: dict) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from batchgen.publish import current_publication, stage_tables
+    from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, current_publication, stage_tables
 
-    names = ("results.parquet", "rejected.parquet", "attempts.parquet")
+    names = (RESULTS, REJECTED, ATTEMPTS)
     tables = {name: pa.concat_tables([pq.read_table(current_publication(d) / name) for d in dirs],
                                      promote_options="permissive") for name in names}
     stage_tables(out, tables, [], manifest, jsonl=True)

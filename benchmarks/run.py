@@ -465,10 +465,10 @@ def run_flow(job: Any, memory: TreeMemory, prompt_ids: dict[str, list[int]] | No
     counts, timings = manifest["counts"], manifest["timings_seconds"]
     items, tokens = counts["items"], manifest["tokens"]["generated_this_run"]
     commits = sorted(p.stat().st_mtime for p in (out / ".batchgen" / "results").glob("chunk-*.parquet"))
-    attempts = pd.read_parquet(out / "current" / "attempts.parquet", columns=["item_id", "attempt", "prompt_token_ids",
-                                                                   "n_prompt_tokens", "n_output_tokens",
-                                                                   "new_output_tokens", "chunk_seconds",
-                                                                   "chunk_finished_at", "finish_reason"])
+    attempts = pd.read_parquet(out / "current" / "attempts", columns=["item_id", "attempt", "prompt_token_ids",
+                                                                      "n_prompt_tokens", "n_output_tokens",
+                                                                      "new_output_tokens", "chunk_seconds",
+                                                                      "chunk_finished_at", "finish_reason"])
     # The flow's body starts its clock right after recording started_at.
     body_started = datetime.fromisoformat(manifest["started_at"]).timestamp()
     flow_first, generation_first, basis = first_results(timings, body_started, called_at, commits, attempts)

@@ -41,9 +41,9 @@ def stage_window_task(
     codec: tuple[pa.DataType, Callable[[Any], Any]],
 ) -> dict[str, Any]:
     """Choose each item's published candidate in one window, write the window's rows into the staged publication,
-    and return its counts; the window's items each end in results or rejected, exactly once."""
+    and return its counts; the window's items each end in accepted or rejected, exactly once."""
     result = assemble(items, columns, early_rejections, latest_attempts(attempts), job.sampling)
-    stage_part(staging, index, frame_tables(result.accepted, result.rejected, attempts, codec))
+    stage_part(staging, index, frame_tables(result.accepted, result.rejected, attempts, codec, job.input.id_column))
     return tally(result.accepted, result.rejected, attempts)
 
 
@@ -60,7 +60,8 @@ def publish_task(
     timings: dict[str, float],
     started_at: datetime,
 ) -> dict[str, Any]:
-    """Join the windows' rows into results, rejected and attempts, add the GX results and the manifest; switch."""
+    """Join the windows' rows into the accepted, rejected and attempts tables, add the GX results, the dataset card
+    and the manifest; switch."""
     manifest = build_manifest(job, {"name": model.name, "path": model.path}, engine_args, counted, reused,
                               fresh_output_tokens, timings, started_at, flow_run.get_id(), flow_run.get_flow_name())
     written, staging = stage_parts(Path(job.output.dir), staging, [RESULTS, REJECTED, ATTEMPTS], validation,
@@ -71,7 +72,7 @@ def publish_task(
 
 
 def check_published_once(staging: Path, expected: int) -> None:
-    """Across windows: results and rejected hold `expected` distinct item ids, none twice (read as Arrow columns)."""
+    """Across windows: accepted and rejected hold `expected` distinct item ids, none twice (read as Arrow columns)."""
     ids = pa.chunked_array([chunk for name in (RESULTS, REJECTED)
                             for chunk in pq.read_table(staging / name, columns=["item_id"])["item_id"].chunks],
                            type=pa.string())

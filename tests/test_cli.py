@@ -93,7 +93,7 @@ def test_check_lists_exactly_the_rows_that_would_be_rejected(tmp_path):
     report = json.loads(result.stdout)
     assert report["items"] == 4 and report["would_generate"] == 2
     assert sorted((r["row"], r["reasons"][0]) for r in report["would_reject"]) == [
-        (3, "missing_field"), (4, "duplicate_id")]
+        (2, "missing_field"), (3, "duplicate_id")]  # data rows, from 1
     assert report["estimate"]["max_output_tokens_first_pass"] == 2 * 50
     assert 0 < report["prompt_tokens"]["min"] <= report["prompt_tokens"]["max"] < report["prompt_tokens"]["model_limit"]
 

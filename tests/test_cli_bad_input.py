@@ -184,7 +184,7 @@ def test_duplicate_ids_are_rejected_naming_the_first_row(tmp_path):
     data.write_text(HEADER + "p1,Mug,hot\np2,Boots,dry\np1,Mug again,hot\n", encoding="utf-8")
     code, _, report = check(tmp_path, data)
     assert code == 0 and report["would_generate"] == 2
-    assert rejects(report) == {4: (["duplicate_id"], "row 4: same id as row 2")}
+    assert rejects(report) == {3: (["duplicate_id"], "row 3: same id as row 1")}  # data rows: the header is not one
 
 
 def test_ids_of_the_wrong_type_or_null_are_rejected_per_row(tmp_path):

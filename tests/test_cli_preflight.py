@@ -77,7 +77,7 @@ def test_runtime_error_of_a_template_rejects_each_row_it_fails_on(tmp_path):
     code, err, report = invoke("check", job)
     assert code == 0, err
     assert report["would_generate"] == 0
-    assert rejects(report)["p2"] == (["template_error"], "row 3: prompt.template: TypeError: must be real number, "
+    assert rejects(report)["p2"] == (["template_error"], "row 2: prompt.template: TypeError: must be real number, "
                                                          "not str")
     # the same template on numbers renders: only the row whose cell is text is rejected
     data = tmp_path / "items.jsonl"
@@ -172,7 +172,7 @@ def test_row_override_vllm_refuses_rejects_only_that_row(tmp_path):
     code, err, report = invoke("check", job_file(tmp_path, data, sampling={"overrides": {"temperature": "temp"}}))
     assert code == 0, err
     assert report["would_generate"] == 2
-    assert rejects(report) == {"p2": (["invalid_override"], "row 3: sampling.overrides.temperature (column temp): 3.0 "
+    assert rejects(report) == {"p2": (["invalid_override"], "row 2: sampling.overrides.temperature (column temp): 3.0 "
                                                             "is refused by vLLM: temperature must be in [0, 2], got 3.0.")}
 
 

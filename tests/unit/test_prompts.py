@@ -103,7 +103,7 @@ def test_empty_csv_cell_is_a_missing_field(tokenizer, tmp_path):
                           loaded.columns)
 
     assert list(built.prompts["item_id"]) == ["p1"]
-    assert [(r.item_id, r.reasons, r.row_number) for r in built.rejected] == [("p2", ["missing_field"], 3)]
+    assert [(r.item_id, r.reasons, r.row_number) for r in built.rejected] == [("p2", ["missing_field"], 2)]  # data row 2
 
 
 def test_template_naming_an_absent_column_fails_before_anything(tokenizer):

@@ -20,7 +20,7 @@ import pytest
 
 from batchgen import publish as publishing
 from batchgen.assemble import ACCEPTED_FIELDS, REJECTED_FIELDS
-from batchgen.publish import PublishError, commit, current_publication, publish, stage, verify_publication
+from batchgen.publish import RESULTS, PublishError, commit, current_publication, publish, stage, verify_publication
 from batchgen.schema import attempts_schema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,9 +50,9 @@ def read_current(out: Path) -> tuple[int, int]:
     """What a careful reader does: resolve `current` once, verify the manifest, read from there."""
     directory = current_publication(out)
     manifest = verify_publication(directory)
-    texts = pq.read_table(directory / "results.parquet", columns=["text"]).column("text").to_pylist()
+    texts = pq.read_table(directory / RESULTS, columns=["text"]).column("text").to_pylist()
     version = manifest["version"]
-    assert len(texts) == manifest["counts"]["accepted"] == manifest["files"]["results.parquet"]["rows"]
+    assert len(texts) == manifest["counts"]["accepted"] == manifest["files"][RESULTS]["rows"]
     assert all(t.startswith(f"v{version} ") for t in texts), "a publication mixes two runs' rows"
     return version, len(texts)
 
@@ -99,7 +99,7 @@ def test_crash_at_any_step_leaves_the_previous_publication(tmp_path, monkeypatch
     def boom(*args, **kwargs):
         raise OSError(f"injected crash at {step}")
 
-    if step == "results":  # in the middle of writing results.parquet
+    if step == "results":  # in the middle of writing the accepted table
         monkeypatch.setattr(publishing.pq.ParquetWriter, "write_table", boom)
     elif step == "jsonl mirror":
         monkeypatch.setattr(publishing, "_jsonl", boom)
@@ -173,7 +173,7 @@ def test_input_columns_whose_types_vary_by_row_publish_as_json_text(tmp_path):
                          {"name": "Lamp", "size": None, "tags": "c"}]
     out = tmp_path / "out"
     publish(out, accepted, rejected, attempts, [], {"version": 1, "counts": {"accepted": 3}}, True)
-    inputs = [row["input"] for row in pq.read_table(out / "current" / "results.parquet").to_pylist()]
+    inputs = [{k: row[k] for k in ("name", "size", "tags")} for row in pq.read_table(out / "current" / RESULTS).to_pylist()]
     assert inputs == [{"name": "Mug", "size": "350", "tags": '["a"]'},
                       {"name": "Boots", "size": '"large"', "tags": "{}"},
                       {"name": "Lamp", "size": None, "tags": '"c"'}]
@@ -193,17 +193,17 @@ def test_windows_staged_as_parts_join_into_one_file_per_table(tmp_path):
         pa.table({"item_id": ["d"], "score": pa.array(["high"]), "n": [4]}),
     ]
     for index, table in enumerate(windows):
-        stage_part(staging, index, {"results.parquet": table})
+        stage_part(staging, index, {RESULTS: table})
 
-    manifest, staged = stage_parts(out, staging, ["results.parquet"], [], {"counts": {}}, jsonl=True)
+    manifest, staged = stage_parts(out, staging, [RESULTS], [], {"counts": {}}, jsonl=True)
 
-    joined = pq.read_table(staged / "results.parquet")
+    joined = pq.read_table(staged / RESULTS)
     assert joined.column("item_id").to_pylist() == ["a", "b", "c", "d"]
     assert joined.schema.field("score").type == pa.string()  # a number in one window, text in another
     assert joined.column("score").to_pylist() == [None, None, "0.5", "high"]
     assert joined.column("n").to_pylist() == [1, 2, 3, 4]
-    assert manifest["files"]["results.parquet"]["rows"] == 4
-    lines = (staged / "results.jsonl").read_text(encoding="utf-8").splitlines()
+    assert manifest["files"][RESULTS]["rows"] == 4
+    lines = (staged / "jsonl" / "accepted.jsonl").read_text(encoding="utf-8").splitlines()
     assert [json.loads(line)["item_id"] for line in lines] == ["a", "b", "c", "d"]
     assert not (staged / PARTS).exists()
     verify_publication(staged)
@@ -218,8 +218,8 @@ def test_published_tables_are_written_in_bounded_row_groups(tmp_path):
     rows = 2 * ROW_GROUP_ROWS + 5
     table = pa.table({"item_id": [f"i{j}" for j in range(rows)], "text": ["x" * 40] * rows})
     out = tmp_path / "out"
-    _, staging = stage_tables(out, {"results.parquet": table}, [], {"counts": {}}, jsonl=False)
-    published = pq.ParquetFile(commit(out, staging) / "results.parquet")
+    _, staging = stage_tables(out, {RESULTS: table}, [], {"counts": {}}, jsonl=False)
+    published = pq.ParquetFile(commit(out, staging) / RESULTS)
     sizes = [published.metadata.row_group(i).num_rows for i in range(published.metadata.num_row_groups)]
     assert sizes == [ROW_GROUP_ROWS, ROW_GROUP_ROWS, 5]
     assert published.read().equals(table)

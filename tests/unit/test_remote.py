@@ -10,7 +10,7 @@ import pytest
 
 from batchgen.assemble import LostItemsError, assemble
 from batchgen.job import JobError, job_from_dict, parse_overrides
-from batchgen.publish import RESULTS, commit, current_publication, stage
+from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, commit, current_publication, stage
 from batchgen.remote import RemoteError, read_current, read_current_record, read_publication, upload_publication
 from batchgen.retry import latest_attempts
 from batchgen.shards import merge_shards, shard_dir, shard_url
@@ -56,11 +56,11 @@ def test_publication_round_trips_through_s3(s3, tmp_path):
 
     assert record["publication"] == local.name
     assert read_current_record(url) == record
-    assert {"results.parquet", "rejected.parquet", "attempts.parquet", "results.jsonl", "validation.json",
+    assert {RESULTS, REJECTED, ATTEMPTS, "jsonl/accepted.jsonl", "validation.json", "README.md",
             "manifest.json", "report.html", "data_docs/index.html"} <= _keys(s3, f"round-trip/publications/{local.name}/")
     manifest, tables = read_current(url)
     assert manifest["publication"] == local.name
-    assert set(tables) == {"results.parquet", "rejected.parquet", "attempts.parquet"}
+    assert set(tables) == {RESULTS, REJECTED, ATTEMPTS}
     for name, table in tables.items():
         assert table.equals(pq.read_table(local / name)), name
     assert sorted(tables[RESULTS].column("item_id").to_pylist()) == ["p1", "p2", "p3"]
@@ -95,9 +95,9 @@ def test_a_changed_file_at_the_url_is_refused(s3, tmp_path):
     url = f"s3://{BUCKET}/tampered"
     local = _publish(tmp_path / "out", ["Aurora Mug", "Trail Boots"])
     upload_publication(local, url)
-    s3.put_object(Bucket=BUCKET, Key=f"tampered/publications/{local.name}/results.parquet",
-                  Body=(local / "rejected.parquet").read_bytes())
-    with pytest.raises(RemoteError, match=f"{local.name}/results.parquet does not match its SHA-256"):
+    s3.put_object(Bucket=BUCKET, Key=f"tampered/publications/{local.name}/{RESULTS}",
+                  Body=(local / REJECTED).read_bytes())
+    with pytest.raises(RemoteError, match=f"{local.name}/{RESULTS} does not match its SHA-256"):
         read_current(url)
 
 

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from batchgen.job import ExpectationsSpec
+from batchgen.publish import ATTEMPTS as ATTEMPTS_FILE, REJECTED, RESULTS
 from batchgen.report import (
     DATA_DOCS,
     NotAPublicationError,
@@ -69,10 +70,12 @@ def make_publication(root: Path, spec: ExpectationsSpec | None = None) -> dict:
         + [{"item_id": "p6", "row_number": 6, "stage": "prompt", "reasons": ["prompt_too_long"],
             "detail": "the prompt has 9000 tokens; the model allows 8192", "attempt": None, "text": None,
             "finish_reason": None, "n_output_tokens": None}])
+    for name in (RESULTS, REJECTED, ATTEMPTS_FILE):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
     accepted[["item_id", "row_number", "attempt", "text", "finish_reason", "new_output_tokens"]].rename(
-        columns={"new_output_tokens": "n_output_tokens"}).to_parquet(root / "results.parquet")
-    rejected.to_parquet(root / "rejected.parquet")
-    attempts.to_parquet(root / "attempts.parquet")
+        columns={"new_output_tokens": "n_output_tokens"}).to_parquet(root / RESULTS)
+    rejected.to_parquet(root / REJECTED)
+    attempts.to_parquet(root / ATTEMPTS_FILE)
     (root / "validation.json").write_text(json.dumps(validation, default=str), encoding="utf-8")
     reasons = rejected["reasons"].explode().value_counts().sort_index().to_dict()
     manifest = {
@@ -189,7 +192,7 @@ def test_rebuilding_replaces_the_report_and_data_docs(published):
 
 def test_a_directory_without_a_publication_is_named_in_the_error(tmp_path):
     (tmp_path / "manifest.json").write_text("{}", encoding="utf-8")
-    with pytest.raises(NotAPublicationError, match="missing results.parquet, rejected.parquet"):
+    with pytest.raises(NotAPublicationError, match="missing accepted/accepted.parquet, rejected/rejected.parquet"):
         write_report(tmp_path)
     with pytest.raises(NotAPublicationError, match="is not a directory"):
         write_report(tmp_path / "nowhere")

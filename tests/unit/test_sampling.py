@@ -258,7 +258,7 @@ def test_overrides_set_row_budgets_keep_blanks_and_reject_bad_rows_naming_the_fi
     rejected = {r.item_id: r for r in built.rejected}
     assert set(rejected) == {"c", "d"}
     assert rejected["c"].reasons == ["invalid_override"]
-    assert rejected["c"].detail == "row 4: sampling.overrides.max_tokens (column budget): 'many' is not a whole number"
+    assert rejected["c"].detail == "row 3: sampling.overrides.max_tokens (column budget): 'many' is not a whole number"
     assert "sampling.overrides.temperature (column temp): 'hot' is not a number" in rejected["d"].detail
 
     base = sampling_kwargs(sampling)

@@ -12,7 +12,7 @@ import pytest
 from batchgen.assemble import LostItemsError, assemble
 from batchgen.items import LoadedItems, Rejection
 from batchgen.job import JobError, job_from_dict
-from batchgen.publish import commit, current_publication, publish, verify_publication
+from batchgen.publish import RESULTS, commit, current_publication, publish, verify_publication
 from batchgen.retry import latest_attempts
 from batchgen.shards import expected_ids, merge_shards, select_shard, shard_dir, shard_of
 from tests.unit.test_assemble_publish import COLUMNS, generated, make_items, with_verdicts
@@ -76,7 +76,7 @@ def test_merge_publishes_every_item_once_or_refuses(tmp_path):
     assert manifest["counts"]["items"] == 4 and manifest["counts"]["accepted"] == 3
     assert manifest["counts"]["rejected_by_reason"] == {"keyword": 1}
     assert [s["flow_run_id"] for s in manifest["shards"]] == ["run-0", "run-1"]
-    results = pd.read_parquet(current_publication(out) / "results.parquet")
+    results = pd.read_parquet(current_publication(out) / RESULTS)
     assert sorted(results["item_id"]) == ["a", "b", "d"]
 
     with pytest.raises(LostItemsError, match="1 items missing"):
@@ -108,11 +108,11 @@ def test_merge_copies_tables_in_batches_with_the_same_rows(tmp_path, monkeypatch
     commit(out, staging)
     manifest = verify_publication(current_publication(out))
     assert max(pieces) == 4  # no piece larger than a batch
-    results = pd.read_parquet(current_publication(out) / "results.parquet")
+    results = pd.read_parquet(current_publication(out) / RESULTS)
     assert list(results["item_id"]) == first + second  # shard order, each shard's order
-    expected = pd.concat([pd.read_parquet(d / "current" / "results.parquet") for d in dirs], ignore_index=True)
+    expected = pd.concat([pd.read_parquet(d / "current" / RESULTS) for d in dirs], ignore_index=True)
     pd.testing.assert_frame_equal(results, expected)
     assert manifest["counts"]["items"] == 17 and manifest["counts"]["rejected"] == 3
     assert manifest["counts"]["rejected_by_reason"] == {"keyword": 3}
-    lines = (current_publication(out) / "rejected.jsonl").read_text().splitlines()
+    lines = (current_publication(out) / "jsonl" / "rejected.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["item_id"] for line in lines) == ["ra", "rb1", "rb2"]
