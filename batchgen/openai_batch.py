@@ -343,11 +343,13 @@ def read_publication(directory: Path) -> Publication:
     """The one place that reads a publication's tables (the publication layout lives in batchgen.publish)."""
     import pyarrow.parquet as pq
 
+    from batchgen.publish import ATTEMPTS, REJECTED, RESULTS
+
     directory = Path(os.path.realpath(directory))
-    accepted = pq.read_table(directory / "results.parquet", columns=["item_id"]).column("item_id").to_pylist()
-    rejected = pq.read_table(directory / "rejected.parquet",
+    accepted = pq.read_table(directory / RESULTS, columns=["item_id"]).column("item_id").to_pylist()
+    rejected = pq.read_table(directory / REJECTED,
                              columns=["item_id", "stage", "reasons", "detail"]).to_pandas()
-    attempts = pq.read_table(directory / "attempts.parquet", columns=[
+    attempts = pq.read_table(directory / ATTEMPTS, columns=[
         "item_id", "candidate", "attempt", "request_key", "n_prompt_tokens", "text", "token_ids", "finish_reason",
         "stop_reason", "logprobs"]).to_pandas()
     manifest = json.loads((directory / "manifest.json").read_text(encoding="utf-8"))

@@ -91,6 +91,19 @@ def _sample(path: Path, columns: list[str], size: int) -> list[dict[str, Any]]:
     return sorted(picked, key=lambda row: (row.get("row_number") is None, row.get("row_number") or 0))
 
 
+def _input_field(path: Path, column: str | None) -> str | None:
+    """The published name of the input's `column` in a table (its own, or `input_<name>` where it clashed with one of
+    batchgen's columns: the field's metadata keeps the input's name), or None."""
+    if not column:
+        return None
+    from batchgen.schema import INPUT_COLUMN_KEY
+
+    for field in pq.read_schema(path):
+        if (field.metadata or {}).get(INPUT_COLUMN_KEY) == column.encode():
+            return field.name
+    return None
+
+
 def _attempt_aggregates(path: Path, started: pd.Timestamp | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Outputs per (attempt, finish reason), and tokens per engine chunk finished after `started`."""
     finish: Counter = Counter()
@@ -139,16 +152,18 @@ def load_publication(run_dir: Path) -> Publication:
                             ignore_index=True)
         accepted = _sample(root / RESULTS, ["item_id", "row_number", "attempt", "text", "finish_reason",
                                             "n_output_tokens"], SAMPLE_SIZE)
+        keyword = (manifest.get("expectations") or {}).get("keyword_column")
+        keyword_field = _input_field(root / REJECTED, keyword)
         rejected = _sample(root / REJECTED, ["item_id", "row_number", "stage", "reasons", "detail", "attempt", "text",
-                                             "finish_reason", "n_output_tokens", "input"], SAMPLE_SIZE)
+                                             "finish_reason", "n_output_tokens"]
+                           + ([keyword_field] if keyword_field else []), SAMPLE_SIZE)
     except NotAPublicationError:
         raise
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise NotAPublicationError(f"{root}: cannot read the publication: {exc}") from exc
-    keyword = (manifest.get("expectations") or {}).get("keyword_column")
     for row in rejected:
         row["reasons"] = list(row.get("reasons") or [])
-        row["expected"] = expected_keyword(row.pop("input", None), keyword)
+        row["expected"] = expected_keyword({keyword: row.pop(keyword_field)} if keyword_field else None, keyword)
     if isinstance(validation, dict):
         validation = [validation]
     return Publication(root, manifest, validation, finish, lengths, chunks, accepted, rejected)

@@ -198,8 +198,8 @@ def test_the_run_from_the_form_publishes_the_job_on_a_worker(server, form_run):
     assert manifest["flow_run_id"] == str(run.id)
     assert manifest["counts"]["items"] == ITEMS
     assert manifest["sampling"]["temperature"] == 0 and manifest["sampling"]["max_tokens"] == 24
-    published = (list(pd.read_parquet(out / "current" / "results.parquet")["item_id"])
-                 + list(pd.read_parquet(out / "current" / "rejected.parquet")["item_id"]))
+    published = (list(pd.read_parquet(out / "current" / "accepted")["item_id"])
+                 + list(pd.read_parquet(out / "current" / "rejected")["item_id"]))
     assert sorted(published) == [f"p{i:05d}" for i in range(1, ITEMS + 1)]
 
 

@@ -172,5 +172,5 @@ def test_rerun_resumes_from_the_result_store(batch):
     for group in (batch["dir"] / "results.batchgen").iterdir():
         manifest = json.loads((group / "current" / "manifest.json").read_text())
         assert manifest["counts"]["reused"] == manifest["counts"]["attempts"] > 0
-        attempts = pq.read_table(group / "current" / "attempts.parquet")
+        attempts = pq.read_table(group / "current" / "attempts")
         assert attempts.num_rows == manifest["counts"]["attempts"]

@@ -7,11 +7,14 @@ import json
 import re
 from pathlib import Path
 
-import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from batchgen.offline_docs import POLICY
+from batchgen.publish import REJECTED
 from batchgen.report import DATA_DOCS, load_publication, throughput_over_time, write_report
+from batchgen.schema import INPUT_COLUMN_KEY
 from tests.unit.test_report import make_publication
 
 TEMPLATE = "Describe {{ name }} for {{ audience }}."
@@ -22,9 +25,13 @@ def report(tmp_path_factory) -> tuple[Path, str]:
     """The synthetic publication, with what a current run's manifest and rejected table also hold."""
     root = tmp_path_factory.mktemp("report-content") / "run"
     manifest = make_publication(root)
-    rejected = pd.read_parquet(root / "rejected.parquet")
-    rejected["input"] = [{"name": f"Name of {item}", "audience": "cooks"} for item in rejected["item_id"]]
-    rejected.to_parquet(root / "rejected.parquet")
+    # The input's columns, flat, each with its input name in its field metadata, as publish writes them
+    rejected = pq.read_table(root / REJECTED)
+    for column, values in (("name", [f"Name of {item}" for item in rejected.column("item_id").to_pylist()]),
+                           ("audience", ["cooks"] * rejected.num_rows)):
+        rejected = rejected.append_column(pa.field(column, pa.string(), metadata={INPUT_COLUMN_KEY: column.encode()}),
+                                          pa.array(values))
+    pq.write_table(rejected, root / REJECTED)
     manifest["expectations"]["keyword_column"] = "name"
     manifest["prompt"] = {"style": "chat", "template": TEMPLATE, "template_sha256": "ab" * 32,
                           "system": "You write copy.", "system_sha256": "cd" * 32, "messages_column": None}
