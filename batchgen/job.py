@@ -262,9 +262,37 @@ class ExpectationsSpec(_Section):
             raise ValueError(f"min_chars ({self.min_chars}) is larger than max_chars ({self.max_chars})")
         return self
 
+    def ids(self, json_schema: bool = False) -> list[str]:
+        """The ids of the job's expectations, as rejected rows' reasons name them (the suite's meta.batchgen_id)."""
+        ids = ["json_schema"] if json_schema else []
+        if self.min_chars is not None or self.max_chars is not None:
+            ids.append("length")
+        if self.keyword_column:
+            ids.append("keyword")
+        ids += ["must_match"] * bool(self.must_match) + ["must_not_match"] * bool(self.must_not_match)
+        if self.require_stop:
+            ids.append("truncated")
+        return ids
+
+
+# Failures retry.on may name beside the expectations' own ids: `regex` stands for every regex expectation.
+RETRY_ALIASES = {"regex": ("must_match", "must_not_match")}
+
 
 class RetrySpec(_Section):
-    max_passes: int = Field(2, ge=0, le=10, description="Extra passes for outputs cut off by max_tokens.")
+    max_passes: int = Field(2, ge=0, le=10, description="Extra passes for outputs that fail one of `on`.")
+    on: list[str] = Field(
+        default_factory=lambda: ["truncated"], min_length=1,
+        description="Failures that earn another attempt: truncated (cut off by max_tokens: the budget grows), or "
+        "any expectation by its id (length, keyword, must_match, must_not_match, regex for both, json_schema, "
+        "a gx expectation's id): the output is sampled again at the same budget.",
+    )
+    temperature_step: float = Field(
+        0.0, ge=-2, le=2,
+        description="Resampled attempts: each one's temperature is the last attempt's plus this (within 0 and "
+        "max_temperature). With 0 a resample draws again at the same temperature.",
+    )
+    max_temperature: float = Field(2.0, ge=0, description="No resampled attempt gets a temperature above this.")
     strategy: Literal["grow", "continue"] = Field(
         "grow",
         description="grow: regenerate with a bigger budget; continue: extend the cut-off text.",
@@ -327,6 +355,24 @@ class JobSpec(_Section):
             if name in reserved:
                 raise ValueError(f"sampling.json_schema: property {name!r} would be published as a column, but "
                                  f"results already have a column {name!r}; rename the property")
+        return self
+
+    @model_validator(mode="after")
+    def _retry_on_known(self) -> JobSpec:
+        known = set(self.expectations.ids(self.sampling.json_schema is not None)) | {"truncated"}
+        for name in self.retry.on:
+            covered = RETRY_ALIASES.get(name, (name,))
+            if not known.intersection(covered):
+                raise ValueError(f"retry.on: {name!r} is not an expectation of this job; it has "
+                                 f"{', '.join(sorted(known))}")
+        resamples = set(self.retry.on) - {"truncated"}
+        if resamples and self.sampling.use_beam_search:
+            raise ValueError(f"retry.on: {', '.join(sorted(resamples))} would resample, but beam search is "
+                             f"deterministic; with use_beam_search only truncated is retried")
+        if (resamples and self.sampling.temperature == 0 and self.retry.temperature_step <= 0
+                and "temperature" not in self.sampling.overrides):
+            raise ValueError(f"retry.on: {', '.join(sorted(resamples))} resamples at temperature 0, which repeats "
+                             f"the same output; set retry.temperature_step above 0 (e.g. 0.3)")
         return self
 
     def fingerprint(self) -> str:

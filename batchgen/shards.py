@@ -35,7 +35,7 @@ from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, ROW_GROUP_ROWS, VALIDA
 
 SHARDS = "shards"
 SUMMED = ("items", "accepted", "rejected", "generated_items", "truncated_first_pass", "truncated_final", "attempts",
-          "retry_attempts", "reused")
+          "retry_attempts", "reused", "rescued")
 TABLES = (RESULTS, REJECTED, ATTEMPTS)
 BATCH_ROWS = ROW_GROUP_ROWS  # rows per piece copied from a shard's table: a row group of a publication
 
@@ -97,9 +97,11 @@ def _pieces(paths: list[Path]) -> Iterator[pa.Table]:
 def _merged_counts(manifests: list[dict[str, Any]]) -> dict[str, Any]:
     """The shards' counts summed (`add_tallies`); a count a shard's manifest lacks counts 0."""
     counts = reduce(add_tallies, ({**{key: m["counts"].get(key, 0) for key in SUMMED},
-                                   "rejected_by_reason": m["counts"].get("rejected_by_reason", {})}
+                                   "rejected_by_reason": m["counts"].get("rejected_by_reason", {}),
+                                   "rescued_by_reason": m["counts"].get("rescued_by_reason", {})}
                                   for m in manifests), None)
     counts["rejected_by_reason"] = dict(sorted(counts["rejected_by_reason"].items()))
+    counts["rescued_by_reason"] = dict(sorted(counts["rescued_by_reason"].items()))
     return counts
 
 

@@ -186,3 +186,16 @@ def test_merged_results_list_a_bounded_number_of_failing_rows():
     assert outcome["result"]["unexpected_count"] == 1500 and outcome["result"]["element_count"] == 1500
     assert len(outcome["result"]["unexpected_list"]) == validate.LISTED_ROWS
     assert len(outcome["result"]["partial_unexpected_list"]) == validate.PARTIAL_ROWS
+
+
+@pytest.mark.parametrize("spec", [
+    ExpectationsSpec(),
+    ExpectationsSpec(min_chars=1, keyword_column="name", must_match=["a", "b"], must_not_match=["c"]),
+    ExpectationsSpec(max_chars=9, require_stop=False),
+])
+@pytest.mark.parametrize("schema", [None, {"type": "object"}])
+def test_the_ids_retry_on_may_name_are_the_suites_own(spec, schema):
+    from expectations.suite import build_suite
+
+    suite_ids = {e.meta["batchgen_id"] for e in build_suite(spec, "s", schema).expectations}
+    assert set(spec.ids(schema is not None)) == suite_ids
