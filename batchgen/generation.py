@@ -41,13 +41,16 @@ class GenRequest:
 
 # Job fields that are not SamplingParams arguments: they shape requests or selection instead.
 NOT_SAMPLING_PARAMS = {"selection", "best_of", "use_beam_search", "beam_width", "length_penalty", "json_schema",
-                       "overrides", "keep_logprob"}
+                       "regex", "choice", "grammar", "overrides", "keep_logprob"}
+# The job's structured output constraint, as StructuredOutputsParams names it.
+STRUCTURED_NAMES = {"json_schema": "json", "regex": "regex", "choice": "choice", "grammar": "grammar"}
 
 
 def sampling_kwargs(spec: SamplingSpec) -> dict[str, Any]:
     """Engine keyword arguments shared by every request of a job (JSON-able: they are part of request keys).
 
-    Sampling: SamplingParams arguments, the JSON schema as `structured_outputs`. Beam search:
+    Sampling: SamplingParams arguments under vLLM's names (the job's own fields and any other field of
+    SamplingParams it names), the structured output constraint as `structured_outputs`. Beam search:
     BeamSearchParams arguments, marked with `beam_search`.
     """
     if spec.use_beam_search:
@@ -59,6 +62,8 @@ def sampling_kwargs(spec: SamplingSpec) -> dict[str, Any]:
     kwargs["stop_token_ids"] = kwargs["stop_token_ids"] or None
     if kwargs["top_k"] is None:
         kwargs.pop("top_k")
+    if kwargs["seed"] is None:
+        kwargs.pop("seed")
     # logprobs=0 returns only the sampled token's logprob: enough for cumulative_logprob. Asked for only
     # when the job needs it: on an H200 it cut a small model's throughput by ~40% (15.6k against 26.0k tokens/s).
     if spec.logprobs is not None:
@@ -67,19 +72,27 @@ def sampling_kwargs(spec: SamplingSpec) -> dict[str, Any]:
         kwargs["logprobs"] = 0
     else:
         kwargs.pop("logprobs")
-    if spec.json_schema is not None:
-        kwargs["structured_outputs"] = {"json": spec.json_schema}
+    if spec.structured is not None:
+        name, value = spec.structured
+        kwargs["structured_outputs"] = {STRUCTURED_NAMES[name]: value}
     return kwargs
 
 
 def sampling_params(kwargs: dict[str, Any]) -> Any:
     """vllm.SamplingParams from engine_budget's arguments."""
+    import msgspec
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    kwargs = dict(kwargs)
+    from batchgen.job import vllm_values
+
+    kwargs = vllm_values(dict(kwargs))
     if kwargs.get("structured_outputs") is not None:
         kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+    if isinstance(kwargs.get("repetition_detection"), dict):  # a struct of its own in vLLM
+        from vllm.sampling_params import RepetitionDetectionParams
+
+        kwargs["repetition_detection"] = msgspec.convert(kwargs["repetition_detection"], RepetitionDetectionParams)
     return SamplingParams(**kwargs)
 
 
@@ -134,7 +147,8 @@ def first_pass_requests(prompts: pd.DataFrame, sampling: SamplingSpec) -> list[G
 
 
 def output_rows(request: GenRequest, output: Any, key: str, seconds: float,
-                finished_at: datetime | None = None, keep_logprobs: bool = False) -> list[dict[str, Any]]:
+                finished_at: datetime | None = None, keep_logprobs: bool = False,
+                keep_prompt_logprobs: bool = False) -> list[dict[str, Any]]:
     """Flatten one vLLM RequestOutput into rows, keeping every field the seeds list."""
     rows = []
     for completion in output.outputs:
@@ -165,6 +179,8 @@ def output_rows(request: GenRequest, output: Any, key: str, seconds: float,
             "temperature": request.temperature,
             "logprobs": ((request.prefix_logprobs or []) + (top_logprobs(completion.logprobs) or [])
                          if keep_logprobs else None),
+            "prompt_logprobs": (top_logprobs(getattr(output, "prompt_logprobs", None))
+                                if keep_prompt_logprobs else None),
             "chunk_seconds": seconds,
             "chunk_finished_at": finished_at,
         })
@@ -194,7 +210,7 @@ def beam_rows(request: GenRequest, output: Any, key: str, seconds: float, finish
             "cumulative_logprob": float(beam.cum_logprob),
             "finish_reason": "stop" if ended or len(new) < request.max_tokens else "length",
             "stop_reason": None, "max_tokens": request.max_tokens, "temperature": request.temperature,
-            "logprobs": logprobs, "chunk_seconds": seconds, "chunk_finished_at": finished_at,
+            "logprobs": logprobs, "prompt_logprobs": None, "chunk_seconds": seconds, "chunk_finished_at": finished_at,
         })
     return rows
 
@@ -206,6 +222,13 @@ def engine_budget(base: dict[str, Any], request: GenRequest) -> dict[str, Any]:
               "min_tokens": max(0, base.get("min_tokens", 0) - done)}
     if request.temperature is not None:
         kwargs["temperature"] = request.temperature
+    if base.get("seed") is not None and request.candidate is not None:
+        # vLLM seeds candidate i of a request with seed+i: a grown or continued candidate keeps its seed, a
+        # resampled one gets a seed no other candidate or attempt of the item has.
+        offset = request.candidate
+        if request.strategy == "resample":
+            offset += base.get("n", 1) * (request.attempt - 1)
+        kwargs["seed"] = base["seed"] + offset
     return kwargs
 
 
@@ -229,7 +252,7 @@ def engine_requests(pending: list[tuple[str, GenRequest]], base: dict[str, Any])
     prompts, params = [], []
     for _, request in pending:
         kwargs = engine_budget(base, request)
-        marker = (kwargs["max_tokens"], kwargs["n"], kwargs["min_tokens"], kwargs.get("temperature"))
+        marker = (kwargs["max_tokens"], kwargs["n"], kwargs["min_tokens"], kwargs.get("temperature"), kwargs.get("seed"))
         if marker not in shared:
             shared[marker] = sampling_params(kwargs)
             # One output per request, when it is done (as LLM.generate asks): all n completions together, and no
@@ -299,6 +322,7 @@ def run_requests(
         return Ran(rows, reused, started, time.perf_counter())
 
     keep = sampling.logprobs is not None
+    keep_prompt = sampling.passthrough.get("prompt_logprobs") is not None
     prompts, params = engine_requests(pending, base)
     submission = engine.stream.submit(prompts, params)
     del prompts, params
@@ -310,7 +334,7 @@ def run_requests(
             finished_at = datetime.now(timezone.utc)
             new_rows = [row for index, output in batch
                         for row in output_rows(pending[index][1], output, pending[index][0], seconds, finished_at,
-                                               keep)]
+                                               keep, keep_prompt)]
             rows.extend(new_rows)
             finished += len(batch)
             if on_commit is not None:

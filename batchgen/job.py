@@ -20,6 +20,9 @@ class JobError(ValueError):
     """A job that cannot run. The message names the field and says why."""
 
 
+AT = "@"  # a model validator's message "@field: ..." is about that field of the model (see _format_validation_error)
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -113,9 +116,45 @@ class EngineSpec(_Section):
 
 SELECTIONS = ("first_passing", "max_logprob")
 OVERRIDABLE = ("max_tokens", "temperature")
+STRUCTURED = ("json_schema", "regex", "choice", "grammar")  # sampling fields that constrain decoding
+
+# SamplingParams fields batchgen sets itself, and why a job may not.
+MANAGED_PARAMS = {
+    "output_kind": "batchgen takes each request's outputs once it is finished",
+    "stream_interval": "batchgen takes each request's outputs once it is finished",
+    "skip_clone": "batchgen shares one SamplingParams between requests, so vLLM must copy it",
+    "output_text_buffer_length": "it is vLLM's internal state",
+    "detokenize": "outputs are validated and published as text",
+    "structured_outputs": "use sampling.json_schema, regex, choice or grammar",
+}
+
+
+def vllm_values(values: dict[str, Any]) -> dict[str, Any]:
+    """A job's values of SamplingParams fields as vLLM types them: a list for a numpy-array field becomes one."""
+    import msgspec
+    from vllm.sampling_params import SamplingParams
+
+    arrays = {f.name for f in msgspec.structs.fields(SamplingParams) if "ndarray" in str(f.type)}
+    if not arrays & set(values):
+        return values
+    import numpy as np
+
+    return {k: np.asarray(v) if k in arrays and v is not None else v for k, v in values.items()}
+
+
+def vllm_sampling_fields() -> list[str]:
+    """The public fields of the installed vLLM's SamplingParams (read from the class, not listed here)."""
+    import msgspec
+    from vllm.sampling_params import SamplingParams
+
+    return [f.name for f in msgspec.structs.fields(SamplingParams) if not f.name.startswith("_")]
 
 
 class SamplingSpec(_Section):
+    # Any other field of vllm.SamplingParams is accepted under its own name (checked against the installed
+    # vLLM's class, types included) and passed through; see `passthrough`.
+    model_config = ConfigDict(extra="allow")
+
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int | None = Field(None, description="Keep the k most likely tokens; all when absent.")
@@ -133,6 +172,12 @@ class SamplingSpec(_Section):
         description="Top logprobs per generated token, published in the logprobs column; cumulative_logprob is kept too.",
     )
     ignore_eos: bool = False
+    seed: int | None = Field(
+        None,
+        description="Per-request seed (SamplingParams.seed): the same job samples the same outputs; candidate i "
+        "gets seed+i, a resampled attempt a fresh seed. CPU builds: only with temperature 0 (a seeded request "
+        "with temperature > 0 crashes the CPU engine); engine.seed seeds the engine instead.",
+    )
     keep_logprob: bool = Field(
         False,
         description="Ask the engine for cumulative_logprob even when nothing needs it. It is asked for only when "
@@ -158,6 +203,21 @@ class SamplingSpec(_Section):
         description="A JSON schema that constrains decoding (vLLM structured outputs, StructuredOutputsParams(json=...)); "
         "outputs are checked against it and its top-level properties are published as columns.",
     )
+    regex: str | None = Field(
+        None, min_length=1,
+        description="A regex every output must match as a whole, enforced while decoding (StructuredOutputsParams"
+        "(regex=...)) and checked by the expectation `regex`.",
+    )
+    choice: list[str] | None = Field(
+        None, min_length=1,
+        description="The output is exactly one of these strings (StructuredOutputsParams(choice=...)); checked by "
+        "the expectation `choice`.",
+    )
+    grammar: str | None = Field(
+        None, min_length=1,
+        description="An EBNF (GBNF) grammar the output follows (StructuredOutputsParams(grammar=...)); checked by "
+        "the expectation `grammar` with the same grammar engine (xgrammar).",
+    )
     overrides: dict[Literal["max_tokens", "temperature"], str] = Field(
         default_factory=dict,
         description="Per-row values: {max_tokens: COLUMN, temperature: COLUMN}; a row's own value replaces the "
@@ -168,11 +228,6 @@ class SamplingSpec(_Section):
     @classmethod
     def _explain_unsupported(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            if "seed" in data:
-                raise ValueError(
-                    "'seed' is set per engine, not per request: use engine.seed "
-                    "(a per-request seed with temperature > 0 crashes the CPU engine)"
-                )
             if data.get("best_of") is not None:
                 best_of, n = data["best_of"], data.get("n", 1)
                 if isinstance(best_of, int) and n not in (1, best_of):
@@ -197,6 +252,29 @@ class SamplingSpec(_Section):
                                  "applies no stop strings and only filters structured output per step")
         elif self.beam_width is not None:
             raise ValueError("beam_width needs use_beam_search: true")
+        constrained = [name for name in STRUCTURED if getattr(self, name) is not None]
+        if len(constrained) > 1:
+            raise ValueError(f"{' and '.join(constrained)}: set one structured output constraint, not several")
+        if self.use_beam_search and (self.passthrough or self.seed is not None):
+            names = [*self.passthrough, *(["seed"] if self.seed is not None else [])]
+            raise ValueError(f"{', '.join(names)} with use_beam_search: vLLM's beam search takes only beam_width, "
+                             f"max_tokens, length_penalty, temperature and ignore_eos")
+        if constrained and self.use_beam_search:
+            raise ValueError(f"{constrained[0]} with use_beam_search is not supported: vLLM's beam search "
+                             f"only filters structured output per step")
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"regex {self.regex!r} is not a valid regex: {exc}") from None
+        if self.grammar is not None:
+            import xgrammar  # the grammar engine of vLLM's structured outputs, installed with vllm
+
+            try:
+                xgrammar.Grammar.from_ebnf(self.grammar)
+            except Exception as exc:  # xgrammar raises RuntimeError with the parser's message
+                raise ValueError(f"grammar is not a valid EBNF grammar: {first_line(str(exc))}") from None
+        self._check_passthrough()
         if self.json_schema is not None:
             from jsonschema import Draft202012Validator, SchemaError
 
@@ -205,6 +283,42 @@ class SamplingSpec(_Section):
             except SchemaError as exc:
                 raise ValueError(f"json_schema is not a valid JSON schema: {exc.message}") from None
         return self
+
+    @property
+    def passthrough(self) -> dict[str, Any]:
+        """The job's other SamplingParams fields, under vLLM's names, as given."""
+        return dict(self.model_extra or {})
+
+    @property
+    def structured(self) -> tuple[str, Any] | None:
+        """(constraint, value) of the structured output the job asks for, or None."""
+        return next(((name, getattr(self, name)) for name in STRUCTURED if getattr(self, name) is not None), None)
+
+    def _check_passthrough(self) -> None:
+        extra = self.passthrough
+        if not extra:
+            return  # vLLM is imported only for a job that names one of its other fields
+        valid = vllm_sampling_fields()
+        for name in extra:
+            if name in MANAGED_PARAMS:
+                raise ValueError(f"{AT}{name}: set by batchgen, not by the job ({MANAGED_PARAMS[name]})")
+            if name not in valid:
+                own = sorted(set(SamplingSpec.model_fields) | (set(valid) - set(MANAGED_PARAMS)))
+                raise ValueError(f"{AT}{name}: unknown field {name!r}: neither a batchgen sampling field nor a field "
+                                 f"of the installed vLLM's SamplingParams; valid names: {', '.join(own)}")
+        import msgspec
+        from vllm.sampling_params import SamplingParams
+
+        try:  # vLLM's own field types (msgspec), before any engine exists
+            msgspec.convert(vllm_values(extra), SamplingParams, strict=False)
+        except msgspec.ValidationError as exc:
+            where = re.search(r"`\$\.(\w+)", str(exc))
+            message = str(exc).replace("`$.", "`sampling.").replace(" - at `key` in", " in a key of")
+            if where:
+                message = f"{AT}{where.group(1)}: " + message.replace(f" - at `sampling.{where.group(1)}`", "")
+            raise ValueError(message) from None
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"vLLM refuses {', '.join(extra)}: {exc}") from None
 
     @property
     def needs_logprob(self) -> bool:
@@ -262,9 +376,10 @@ class ExpectationsSpec(_Section):
             raise ValueError(f"min_chars ({self.min_chars}) is larger than max_chars ({self.max_chars})")
         return self
 
-    def ids(self, json_schema: bool = False) -> list[str]:
-        """The ids of the job's expectations, as rejected rows' reasons name them (the suite's meta.batchgen_id)."""
-        ids = ["json_schema"] if json_schema else []
+    def ids(self, structured: str | None = None) -> list[str]:
+        """The ids of the job's expectations, as rejected rows' reasons name them (the suite's meta.batchgen_id);
+        `structured`: the job's structured output constraint (json_schema, regex, choice, grammar), if any."""
+        ids = [structured] if structured else []
         if self.min_chars is not None or self.max_chars is not None:
             ids.append("length")
         if self.keyword_column:
@@ -276,7 +391,7 @@ class ExpectationsSpec(_Section):
 
 
 # Failures retry.on may name beside the expectations' own ids: `regex` stands for every regex expectation.
-RETRY_ALIASES = {"regex": ("must_match", "must_not_match")}
+RETRY_ALIASES = {"regex": ("must_match", "must_not_match", "regex")}
 
 
 class RetrySpec(_Section):
@@ -359,7 +474,8 @@ class JobSpec(_Section):
 
     @model_validator(mode="after")
     def _retry_on_known(self) -> JobSpec:
-        known = set(self.expectations.ids(self.sampling.json_schema is not None)) | {"truncated"}
+        structured = self.sampling.structured
+        known = set(self.expectations.ids(structured[0] if structured else None)) | {"truncated"}
         for name in self.retry.on:
             covered = RETRY_ALIASES.get(name, (name,))
             if not known.intersection(covered):
@@ -381,11 +497,18 @@ class JobSpec(_Section):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), text)
+
+
 def _format_validation_error(exc: ValidationError, source: str) -> str:
     lines = [f"{source}: the job is not valid"]
     for err in exc.errors():
         where = ".".join(str(part) for part in err["loc"]) or "(top level)"
         message = err["msg"].removeprefix("Value error, ")
+        located = re.match(rf"{AT}(\w+): (.*)", message, re.S)
+        if located:  # a model validator's message about one of the model's fields
+            where, message = f"{where}.{located.group(1)}" if where != "(top level)" else located.group(1), located.group(2)
         if err["type"] == "extra_forbidden":
             message = "unknown field (check the spelling; see the README for the job file fields)"
         elif err["type"] == "missing":

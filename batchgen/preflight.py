@@ -24,7 +24,7 @@ from batchgen.job import EngineSpec, JobError, JobSpec, OutputSpec, SamplingSpec
 from batchgen.models import ModelError, ModelRef
 from batchgen.overrides import apply_overrides, check_override_columns
 from batchgen.prompts import BuiltPrompts, build_prompts, check_keyword_column, check_template_columns
-from batchgen.vllm_checks import first_sentence, sampling_problem
+from batchgen.vllm_checks import cpu_problem, first_sentence, sampling_problem
 
 __all__ = ["Checked", "DataError", "JobError", "check_engine", "check_output_dir", "check_sampling", "preflight"]
 
@@ -116,12 +116,19 @@ def check_engine(spec: EngineSpec) -> tuple[ModelRef, Any, int, Any]:
     return model, tokenizer, int(config.max_model_len or max_len), config
 
 
+def check_cpu_limits(spec: JobSpec) -> None:
+    """What the CPU build of vLLM cannot do (batchgen.vllm_checks.cpu_problem), as a JobError naming the field."""
+    problem = cpu_problem(spec)
+    if problem is not None:
+        raise JobError(f"{problem[0]}: not on a CPU build of vLLM: {problem[1]}")
+
+
 def check_sampling(sampling: SamplingSpec, model_config: Any = None, tokenizer: Any = None) -> None:
     """The job's sampling values against the installed vLLM's own validation: a JobError naming the field."""
     problem = sampling_problem(sampling, model_config, tokenizer)
     if problem is not None:
         name, message = problem
-        field = f"sampling.{name}" if name in SamplingSpec.model_fields else "sampling"
+        field = f"sampling.{name}" if name in SamplingSpec.model_fields or name in sampling.passthrough else "sampling"
         raise JobError(f"{field}: vLLM refuses it: {message}")
 
 
@@ -142,6 +149,7 @@ def preflight(spec: JobSpec, model: bool = True) -> Checked | None:
     check_template_columns(spec.prompt, loaded.columns, spec.input.path)
     check_keyword_column(spec.expectations.keyword_column, loaded.columns)
     check_override_columns(spec.sampling, loaded.columns)
+    check_cpu_limits(spec)
     if not model:
         check_sampling(spec.sampling)
         return None

@@ -33,6 +33,7 @@ ATTEMPT_SCHEMA = pa.schema([
     ("max_tokens", pa.int32()),
     ("temperature", pa.float64()),  # the row's own temperature (sampling.overrides); null: the job's
     ("logprobs", LOGPROBS_TYPE),  # null unless sampling.logprobs is set
+    ("prompt_logprobs", LOGPROBS_TYPE),  # null unless sampling.prompt_logprobs is set; the first position is empty
     ("chunk_seconds", pa.float64()),
     ("chunk_finished_at", pa.timestamp("us", tz="UTC")),  # wall clock: throughput over the run
 ])

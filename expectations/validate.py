@@ -46,14 +46,15 @@ def _quiet_gx() -> None:
 
 
 def validate_rows(rows: pd.DataFrame, spec: ExpectationsSpec, keywords: pd.Series | None,
-                  suite_name: str, json_schema: dict[str, Any] | None = None) -> Validation:
+                  suite_name: str, json_schema: dict[str, Any] | None = None,
+                  structured: tuple[str, Any] | None = None) -> Validation:
     """Validate every row with a GX suite built from the job; each row gets the list of expectations it failed."""
     _quiet_gx()
     import great_expectations as gx
 
     frame = prepare_frame(rows, keywords)
     context = gx.get_context(mode="ephemeral")  # suites need an active context, even before they are saved
-    suite = build_suite(spec, suite_name, json_schema)
+    suite = build_suite(spec, suite_name, json_schema, structured)
     failed: list[list[str]] = [[] for _ in range(len(frame))]
     result_json: dict[str, Any] = {"success": True, "results": [], "statistics": {}}
     if len(frame) and suite.expectations:

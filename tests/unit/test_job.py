@@ -106,7 +106,8 @@ BAD_JOBS = [
                  ["expectations", "min_chars (50)", "max_chars (10)"], id="min-above-max"),
     pytest.param(job_with(expectations={"must_match": ["(unclosed"]}),
                  ["expectations.must_match", "'(unclosed' is not a valid regex"], id="bad-regex"),
-    pytest.param(job_with(sampling={"seed": 1}), ["sampling", "engine.seed"], id="sampling-seed"),
+    pytest.param(job_with(sampling={"bad_words": "cheap"}), ["sampling.bad_words: Expected `array | null`, got `str`"],
+                 id="vllm-type"),
     pytest.param(job_with(prompt={"style": "completion"}), ["prompt", "system message needs style 'chat'"],
                  id="system-with-completion"),
 ]
