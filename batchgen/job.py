@@ -49,6 +49,11 @@ class InputSpec(_Section):
         return self
 
 
+# apply_chat_template arguments batchgen sets itself: not variables chat_template_kwargs may pass.
+CHAT_TEMPLATE_OWN = {"conversation", "chat_template", "tokenize", "add_generation_prompt", "return_dict",
+                     "return_tensors", "padding", "truncation", "max_length", "return_assistant_tokens_mask"}
+
+
 class PromptSpec(_Section):
     style: Literal["chat", "completion"] = Field(
         "chat",
@@ -66,6 +71,22 @@ class PromptSpec(_Section):
         description="Instead of a template: an input column holding a whole conversation, a list of "
         "{role, content} messages (a JSON string in CSV), rendered with the model's chat template.",
     )
+    chat_template: str | None = Field(
+        None, min_length=1,
+        description="The chat template to render conversations with instead of the model's own: a file "
+        "(relative to the job file) or the template itself (any text with a Jinja tag).",
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra variables for the chat template, e.g. {enable_thinking: false} for a model whose "
+        "template reads it (passed to the tokenizer's apply_chat_template).",
+    )
+
+    def chat_template_text(self) -> str | None:
+        """The chat template itself: the file's text, or the string given."""
+        if self.chat_template is None or is_template_text(self.chat_template):
+            return self.chat_template
+        return Path(self.chat_template).read_text(encoding="utf-8")
 
     @model_validator(mode="after")
     def _system_needs_chat(self) -> PromptSpec:
@@ -77,6 +98,31 @@ class PromptSpec(_Section):
             raise ValueError("set either template or messages_column, not both")
         if self.messages_column is not None and self.style != "chat":
             raise ValueError("messages_column needs style 'chat'")
+        for name in ("chat_template", "chat_template_kwargs"):
+            if getattr(self, name) and self.style != "chat":
+                raise ValueError(f"{AT}{name}: needs style 'chat' (a completion prompt is sent as it is)")
+        taken = sorted(set(self.chat_template_kwargs) & CHAT_TEMPLATE_OWN)
+        if taken:
+            raise ValueError(f"{AT}chat_template_kwargs: {', '.join(taken)} is set by batchgen, not a template "
+                             f"variable")
+        if self.chat_template is not None and not is_template_text(self.chat_template):
+            path = Path(self.chat_template)
+            if not path.is_file():
+                raise ValueError(f"{AT}chat_template: {path}: no such file (a chat template given inline needs a "
+                                 f"Jinja tag such as {{{{ or {{%)")
+            try:
+                path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"{AT}chat_template: {path}: cannot be read ({exc})") from None
+        if self.chat_template is not None:
+            import jinja2.sandbox
+
+            try:  # as transformers compiles it: a sandboxed environment with the loop controls extension
+                jinja2.sandbox.ImmutableSandboxedEnvironment(
+                    extensions=["jinja2.ext.loopcontrols"]).parse(self.chat_template_text())
+            except jinja2.TemplateSyntaxError as exc:
+                raise ValueError(f"{AT}chat_template: not a valid Jinja template: line {exc.lineno}: "
+                                 f"{exc.message}") from None
         return self
 
 
@@ -114,7 +160,7 @@ class EngineSpec(_Section):
     )
 
 
-SELECTIONS = ("first_passing", "max_logprob")
+SELECTIONS = ("first_passing", "max_logprob", "all")
 OVERRIDABLE = ("max_tokens", "temperature")
 STRUCTURED = ("json_schema", "regex", "choice", "grammar")  # sampling fields that constrain decoding
 
@@ -184,11 +230,12 @@ class SamplingSpec(_Section):
         "the job ranks candidates by it (n > 1, selection max_logprob, beam search) or sets logprobs: on a GPU "
         "it cost ~40% of the throughput of a small model.",
     )
-    selection: Literal["first_passing", "max_logprob"] = Field(
+    selection: Literal["first_passing", "max_logprob", "all"] = Field(
         "first_passing",
         description="Which of an item's candidates is published. first_passing: the best-scored candidate that "
         "passes every expectation; max_logprob: the candidate with the highest cumulative_logprob (rejected "
-        "when it fails an expectation).",
+        "when it fails an expectation); all: every passing candidate, one results row each (the item is "
+        "rejected when none passes).",
     )
     best_of: int | None = Field(
         None, ge=1, le=64,
@@ -497,6 +544,11 @@ class JobSpec(_Section):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def is_template_text(value: str) -> bool:
+    """A chat template given inline (it has a Jinja tag), not a file name."""
+    return "{{" in value or "{%" in value
+
+
 def first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), text)
 
@@ -551,8 +603,10 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def _anchor_paths(data: dict[str, Any], base_dir: Path) -> None:
     """Relative input and output paths are relative to the job file, not the working directory."""
-    for section, key in (("input", "path"), ("output", "dir"), ("output", "publish_to")):
+    for section, key in (("input", "path"), ("output", "dir"), ("output", "publish_to"), ("prompt", "chat_template")):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
+        if key == "chat_template" and isinstance(value, str) and is_template_text(value):
+            continue  # a template given inline
         if isinstance(value, str) and value and "://" not in value and not Path(value).is_absolute():
             data[section][key] = str((base_dir / value).resolve())
 

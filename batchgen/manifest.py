@@ -42,11 +42,12 @@ def truncation_counts(attempts: pd.DataFrame) -> tuple[int, int]:
 def tally(accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.DataFrame) -> dict[str, Any]:
     """The additive counts of a set of items: tallies of disjoint windows of a run sum to the run's (`add_tallies`)."""
     first_cut, final_cut = truncation_counts(attempts)
+    accepted_items = int(accepted["item_id"].nunique()) if len(accepted) else 0  # selection all: rows per candidate
     reasons = Counter(reason for row in rejected["reasons"] for reason in row)
     empty = attempts.empty
     return {
-        "items": len(accepted) + len(rejected),
-        "accepted": len(accepted),
+        "items": accepted_items + len(rejected),
+        "accepted": accepted_items,
         "rejected": len(rejected),
         "generated_items": 0 if empty else int(attempts["item_id"].nunique()),
         "truncated_first_pass": first_cut,
@@ -54,7 +55,7 @@ def tally(accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.DataFrame
         "attempts": len(attempts),
         "retry_attempts": 0 if empty else int((attempts["attempt"] > 1).sum()),
         "rejected_by_reason": dict(reasons),
-        "rescued": int((accepted["attempt"] > 1).sum()) if len(accepted) else 0,
+        "rescued": int(accepted.loc[accepted["attempt"] > 1, "item_id"].nunique()) if len(accepted) else 0,
         "rescued_by_reason": rescued_by_reason(accepted, attempts),
         "prompt_tokens": 0 if empty else int(attempts["n_prompt_tokens"].sum()),
         "output_tokens": 0 if empty else int(attempts["new_output_tokens"].sum()),

@@ -122,8 +122,10 @@ def merge_shards(out_dir: str | Path, shard_dirs: list[Path], ids: list[str], ma
 def _merge(out_dir: Path, sources: list[tuple[dict[str, Any], dict[str, Path], list[dict[str, Any]]]],
            ids: list[str], manifest: dict[str, Any], jsonl: bool) -> tuple[dict[str, Any], Path]:
     manifests = [source[0] for source in sources]
+    # An item with several results rows (selection `all`: one per published candidate) counts once.
     published = Counter(item_id for _, paths, _ in sources for name in (RESULTS, REJECTED)
-                        for item_id in pq.read_table(paths[name], columns=["item_id"]).column("item_id").to_pylist())
+                        for item_id in (dict.fromkeys if name == RESULTS else list)(
+                            pq.read_table(paths[name], columns=["item_id"]).column("item_id").to_pylist()))
     twice = sorted(k for k, n in published.items() if n > 1)
     missing = sorted(set(ids) - set(published))
     extra = sorted(set(published) - set(ids))
