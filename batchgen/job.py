@@ -397,6 +397,22 @@ class SamplingSpec(_Section):
         return [value] if isinstance(value, str) else value
 
 
+BUILT_IN_IDS = ("length", "keyword", "must_match", "must_not_match", "truncated", *STRUCTURED)
+
+
+class GxExpectationSpec(_Section):
+    type: str = Field(min_length=1, description="A Great Expectations expectation type as GX names it, e.g. "
+                      "expect_column_values_to_match_regex; it must judge each output (a column map expectation).")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Its arguments as GX names them; `column` "
+                                   "is one of the output columns (text, finish_reason, n_output_tokens, ...).")
+    id: str | None = Field(None, min_length=1, description="The name rejected rows' reasons and retry.on use "
+                           "for it; the type when absent.")
+
+    @property
+    def name(self) -> str:
+        return self.id or self.type
+
+
 class ExpectationsSpec(_Section):
     min_chars: int | None = Field(None, ge=0, description="Shortest acceptable output, in characters.")
     max_chars: int | None = Field(None, ge=1, description="Longest acceptable output, in characters.")
@@ -406,6 +422,11 @@ class ExpectationsSpec(_Section):
     must_match: list[str] = Field(default_factory=list, description="Regexes every output must match.")
     must_not_match: list[str] = Field(default_factory=list, description="Regexes no output may match.")
     require_stop: bool = Field(True, description="Reject outputs cut off by max_tokens (finish_reason != stop).")
+    gx: list[GxExpectationSpec] = Field(
+        default_factory=list,
+        description="Great Expectations' own expectations, besides the ones above: each a type and its kwargs "
+        "as GX names them, applied to the output columns; an output failing one is rejected with its id.",
+    )
 
     @field_validator("must_match", "must_not_match")
     @classmethod
@@ -421,6 +442,24 @@ class ExpectationsSpec(_Section):
     def _bounds_ordered(self) -> ExpectationsSpec:
         if self.min_chars is not None and self.max_chars is not None and self.min_chars > self.max_chars:
             raise ValueError(f"min_chars ({self.min_chars}) is larger than max_chars ({self.max_chars})")
+        seen: set[str] = set()
+        for number, entry in enumerate(self.gx):
+            where = f"{AT}gx.{number}"
+            if entry.name in BUILT_IN_IDS:
+                raise ValueError(f"{where}: id {entry.name!r} is a built-in expectation's; choose another")
+            if "keyword_present" in entry.kwargs.values() and not self.keyword_column:
+                raise ValueError(f"{where}: keyword_present needs expectations.keyword_column")
+            if entry.name in seen:
+                raise ValueError(f"{where}: {entry.name!r} is used twice; give each an id of its own")
+            seen.add(entry.name)
+        if self.gx:
+            from expectations.suite import gx_expectation  # GX is imported only for a job that names one
+
+            for number, entry in enumerate(self.gx):
+                try:
+                    gx_expectation(entry)
+                except ValueError as exc:
+                    raise ValueError(f"{AT}gx.{number}: {exc}") from None
         return self
 
     def ids(self, structured: str | None = None) -> list[str]:
@@ -434,7 +473,7 @@ class ExpectationsSpec(_Section):
         ids += ["must_match"] * bool(self.must_match) + ["must_not_match"] * bool(self.must_not_match)
         if self.require_stop:
             ids.append("truncated")
-        return ids
+        return ids + [entry.name for entry in self.gx]
 
 
 # Failures retry.on may name beside the expectations' own ids: `regex` stands for every regex expectation.
@@ -558,7 +597,7 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
     for err in exc.errors():
         where = ".".join(str(part) for part in err["loc"]) or "(top level)"
         message = err["msg"].removeprefix("Value error, ")
-        located = re.match(rf"{AT}(\w+): (.*)", message, re.S)
+        located = re.match(rf"{AT}([\w.]+): (.*)", message, re.S)
         if located:  # a model validator's message about one of the model's fields
             where, message = f"{where}.{located.group(1)}" if where != "(top level)" else located.group(1), located.group(2)
         if err["type"] == "extra_forbidden":

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from batchgen.job import ExpectationsSpec
-from expectations.suite import build_suite
+from expectations.suite import OUTPUT_COLUMNS, build_suite
 
 ROW_KEY = "row_key"
 
@@ -31,6 +31,9 @@ def prepare_frame(rows: pd.DataFrame, keywords: pd.Series | None) -> pd.DataFram
         "text": rows["text"].astype(object),
         "finish_reason": rows["finish_reason"].astype(object),
     })
+    for name in OUTPUT_COLUMNS:  # the other output columns a job's own GX expectations may read
+        if name not in frame and name in rows and name != "keyword_present":
+            frame[name] = rows[name].to_numpy()
     if keywords is not None:
         wanted = rows["item_id"].map(keywords)
         frame["keyword_present"] = [
