@@ -89,6 +89,8 @@ def sampling_params(kwargs: dict[str, Any]) -> Any:
     kwargs = vllm_values(dict(kwargs))
     if kwargs.get("structured_outputs") is not None:
         kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+    if isinstance(kwargs.get("logit_bias"), dict):  # token ids are text once the job has been through JSON
+        kwargs["logit_bias"] = {int(token): float(bias) for token, bias in kwargs["logit_bias"].items()}
     if isinstance(kwargs.get("repetition_detection"), dict):  # a struct of its own in vLLM
         from vllm.sampling_params import RepetitionDetectionParams
 

@@ -57,6 +57,13 @@ def test_a_sampling_params_field_named_in_the_job_reaches_vllm_unchanged(name):
     assert spec.model_dump()[name] == PASSTHROUGH_VALUES[name]  # in the manifest and the job fingerprint
 
 
+def test_logit_bias_keeps_its_token_ids_through_a_json_round_trip(tmp_path):
+    job = job_from_dict(job_with(sampling={"logit_bias": {42: 5}}), base_dir=tmp_path)
+    again = job_from_dict(job.model_dump(mode="json"))  # as a run with overrides or a deployment reads it
+    assert params_of(again.sampling).logit_bias == {42: 5.0}
+    assert sampling_kwargs(again.sampling)["logit_bias"] == {"42": 5}
+
+
 def test_a_nested_vllm_struct_is_given_as_a_mapping():
     params = params_of(SamplingSpec(repetition_detection={"max_pattern_size": 4, "min_count": 3}))
     assert type(params.repetition_detection).__name__ == "RepetitionDetectionParams"
