@@ -126,6 +126,8 @@ def assemble(
         fields.append("temperature")
     if sampling.logprobs is not None:
         fields.append("logprobs")
+    if "lora" in final.columns and final["lora"].notna().any():
+        fields.append("lora")  # the adapter that wrote each output (engine.lora, engine.lora_column)
     extra = structured_columns(sampling.json_schema)
     fields += extra
     inputs = {row["item_id"]: {c: row[c] for c in columns} for row in items.to_dict(orient="records")}

@@ -97,6 +97,11 @@ def engine_args(spec: EngineSpec, model: ModelRef, cpu: bool) -> dict[str, Any]:
         args["max_model_len"] = max_len
     if spec.max_num_seqs:
         args["max_num_seqs"] = spec.max_num_seqs
+    if spec.enable_lora:
+        args["enable_lora"] = True
+        for name in ("max_lora_rank", "max_loras"):
+            if getattr(spec, name) is not None:
+                args[name] = getattr(spec, name)
     args.update(spec.extra_args)
     return args
 
@@ -121,7 +126,9 @@ def engine_in_process(spec: EngineSpec, cpu: bool, environ: dict[str, str] | Non
 
 
 def _key(spec: EngineSpec) -> tuple:
-    return tuple(sorted((k, repr(v)) for k, v in spec.model_dump().items()))
+    # which adapter requests use does not change the engine
+    exclude = {"lora", "lora_column", "lora_adapters"}  # adapters are loaded per request
+    return tuple(sorted((k, repr(v)) for k, v in spec.model_dump(exclude=exclude).items()))
 
 
 def get_engine(spec: EngineSpec) -> Engine:

@@ -37,6 +37,7 @@ class GenRequest:
     prefix_logprob: float | None = 0.0
     prefix_logprobs: list[Any] | None = None  # top logprobs of the prefix tokens, when the job asks for them
     temperature: float | None = None  # the row's own temperature (sampling.overrides), else the job's
+    lora: str | None = None  # the LoRA adapter's name (engine.lora_adapters), None: the base model
 
 
 # Job fields that are not SamplingParams arguments: they shape requests or selection instead.
@@ -126,6 +127,7 @@ def request_key(request: GenRequest, sampling: dict[str, Any], model_identity: s
         "candidate": request.candidate,
         "attempt": request.attempt,
         "strategy": request.strategy,
+        **({"lora": request.lora} if request.lora is not None else {}),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
@@ -141,10 +143,12 @@ def first_pass_requests(prompts: pd.DataFrame, sampling: SamplingSpec) -> list[G
     for row in prompts.itertuples(index=False):
         budget = _row_value(row, "max_tokens")
         temperature = _row_value(row, "temperature")
+        lora = _row_value(row, "lora")
         requests.append(GenRequest(
             item_id=row.item_id, prompt=row.prompt, prompt_token_ids=list(row.prompt_token_ids),
             max_tokens=sampling.max_tokens if budget is None else int(budget), n=sampling.candidates,
-            temperature=None if temperature is None else float(temperature)))
+            temperature=None if temperature is None else float(temperature),
+            lora=None if lora is None else str(lora)))
     return requests
 
 
@@ -179,6 +183,7 @@ def output_rows(request: GenRequest, output: Any, key: str, seconds: float,
             "stop_reason": None if completion.stop_reason is None else str(completion.stop_reason),
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
+            "lora": request.lora,
             "logprobs": ((request.prefix_logprobs or []) + (top_logprobs(completion.logprobs) or [])
                          if keep_logprobs else None),
             "prompt_logprobs": (top_logprobs(getattr(output, "prompt_logprobs", None))
@@ -212,6 +217,7 @@ def beam_rows(request: GenRequest, output: Any, key: str, seconds: float, finish
             "cumulative_logprob": float(beam.cum_logprob),
             "finish_reason": "stop" if ended or len(new) < request.max_tokens else "length",
             "stop_reason": None, "max_tokens": request.max_tokens, "temperature": request.temperature,
+            "lora": request.lora,
             "logprobs": logprobs, "prompt_logprobs": None, "chunk_seconds": seconds, "chunk_finished_at": finished_at,
         })
     return rows
@@ -281,6 +287,7 @@ def run_requests(
     commit_seconds: float = 10.0,
     done: dict[str, list[dict[str, Any]]] | Callable[[set[str]], dict[str, list[dict[str, Any]]]] | None = None,
     on_commit: Callable[[list[dict[str, Any]], int, int], None] | None = None,
+    adapters: dict[str, str] | None = None,
 ) -> Ran:
     """Generate every request not already in `done` (keyed by request_key); return all rows and the reuse count.
 
@@ -292,7 +299,10 @@ def run_requests(
     finish and are handed to `on_commit(new_rows, requests_done, requests_total)` every
     `commit_every` outputs or `commit_seconds`, whichever comes first (the caller commits them
     there). Other tasks may feed the same stream meanwhile: the engine never drains between them.
+    `adapters` ({name: folder}, engine.lora_adapters) resolves each request's `lora` to a LoRARequest.
     """
+    from batchgen.adapters import lora_request
+
     base = sampling_kwargs(sampling)
     keyed = [(request_key(r, base, model_identity), r) for r in requests]
     if callable(done):
@@ -326,7 +336,8 @@ def run_requests(
     keep = sampling.logprobs is not None
     keep_prompt = sampling.passthrough.get("prompt_logprobs") is not None
     prompts, params = engine_requests(pending, base)
-    submission = engine.stream.submit(prompts, params)
+    loras = [lora_request(adapters or {}, request.lora) for _, request in pending] if adapters else None
+    submission = engine.stream.submit(prompts, params, loras)
     del prompts, params
     since = time.perf_counter()
     try:

@@ -155,6 +155,43 @@ class EngineSpec(_Section):
         "faster on 2 cores. The first engine of a process decides for the process.",
     )
     max_num_seqs: int | None = Field(None, ge=1, description="Sequences batched at once; vLLM's default when absent.")
+    enable_lora: bool = Field(False, description="Load the model with LoRA support (vllm.LLM enable_lora), so "
+                              "requests can use the adapters of lora_adapters.")
+    max_lora_rank: int | None = Field(None, ge=1, description="Largest adapter rank (vLLM's max_lora_rank, 16 "
+                                      "when absent); an adapter of a higher rank is a job error.")
+    max_loras: int | None = Field(None, ge=1, description="Adapters in one batch at once (vLLM's max_loras).")
+    lora_adapters: dict[str, str] = Field(
+        default_factory=dict, description="LoRA adapters by name: {name: folder} (a PEFT adapter folder, relative "
+        "to the job file, with adapter_config.json).")
+    lora: str | None = Field(None, min_length=1, description="The adapter (a name in lora_adapters) every "
+                             "request uses, unless its row names another in lora_column.")
+    lora_column: str | None = Field(None, min_length=1, description="An input column naming each row's adapter "
+                                    "(a blank cell: lora, else the base model); an unknown name rejects the row.")
+
+    @model_validator(mode="after")
+    def _lora_complete(self) -> EngineSpec:
+        asks = [name for name in ("max_lora_rank", "max_loras", "lora", "lora_column") if getattr(self, name)]
+        if (asks or self.lora_adapters) and not self.enable_lora:
+            raise ValueError(f"{', '.join(asks or ['lora_adapters'])} needs enable_lora: true")
+        if (self.lora or self.lora_column) and not self.lora_adapters:
+            raise ValueError(f"{AT}lora_adapters: name the adapters {'lora' if self.lora else 'lora_column'} "
+                             f"may choose, as {{name: folder}}")
+        if self.lora is not None and self.lora not in self.lora_adapters:
+            raise ValueError(f"{AT}lora: {self.lora!r} is not in lora_adapters ({', '.join(self.lora_adapters)})")
+        rank_limit = self.max_lora_rank or 16
+        for name, folder in self.lora_adapters.items():
+            config = Path(folder) / "adapter_config.json"
+            if not config.is_file():
+                raise ValueError(f"{AT}lora_adapters.{name}: {folder}: no adapter_config.json (a PEFT LoRA adapter "
+                                 f"folder holds it and adapter_model.safetensors)")
+            try:
+                rank = int(json.loads(config.read_text(encoding="utf-8")).get("r") or 0)
+            except (ValueError, OSError) as exc:
+                raise ValueError(f"{AT}lora_adapters.{name}: {config}: not readable JSON ({exc})") from None
+            if rank > rank_limit:
+                raise ValueError(f"{AT}lora_adapters.{name}: rank {rank} is above max_lora_rank {rank_limit}; "
+                                 f"set engine.max_lora_rank: {rank}")
+        return self
     extra_args: dict[str, Any] = Field(
         default_factory=dict, description="Any other vllm.LLM keyword argument, passed through unchanged."
     )
@@ -559,6 +596,13 @@ class JobSpec(_Section):
         return self
 
     @model_validator(mode="after")
+    def _lora_with_sampling(self) -> JobSpec:
+        if self.sampling.use_beam_search and (self.engine.lora or self.engine.lora_column):
+            raise ValueError("engine.lora with use_beam_search is not supported: batchgen's beam search calls "
+                             "LLM.beam_search without adapters")
+        return self
+
+    @model_validator(mode="after")
     def _retry_on_known(self) -> JobSpec:
         structured = self.sampling.structured
         known = set(self.expectations.ids(structured[0] if structured else None)) | {"truncated"}
@@ -642,6 +686,11 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def _anchor_paths(data: dict[str, Any], base_dir: Path) -> None:
     """Relative input and output paths are relative to the job file, not the working directory."""
+    engine = data.get("engine")
+    if isinstance(engine, dict) and isinstance(engine.get("lora_adapters"), dict):
+        engine["lora_adapters"] = {name: str((base_dir / folder).resolve()) if isinstance(folder, str)
+                                   and "://" not in folder and not Path(folder).is_absolute() else folder
+                                   for name, folder in engine["lora_adapters"].items()}
     for section, key in (("input", "path"), ("output", "dir"), ("output", "publish_to"), ("prompt", "chat_template")):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         if key == "chat_template" and isinstance(value, str) and is_template_text(value):

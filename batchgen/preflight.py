@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batchgen.adapters import apply_adapters, check_adapter_column
 from batchgen.items import DataError, LoadedItems, keep_for_next_load, load_items
 from batchgen.job import EngineSpec, JobError, JobSpec, OutputSpec, SamplingSpec
 from batchgen.models import ModelError, ModelRef
@@ -149,6 +150,7 @@ def preflight(spec: JobSpec, model: bool = True) -> Checked | None:
     check_template_columns(spec.prompt, loaded.columns, spec.input.path)
     check_keyword_column(spec.expectations.keyword_column, loaded.columns)
     check_override_columns(spec.sampling, loaded.columns)
+    check_adapter_column(spec.engine, loaded.columns)
     check_cpu_limits(spec)
     if not model:
         check_sampling(spec.sampling)
@@ -160,4 +162,5 @@ def preflight(spec: JobSpec, model: bool = True) -> Checked | None:
     row_check = functools.lru_cache(maxsize=4096)(
         lambda max_tokens, temperature: sampling_problem(spec.sampling, config, tokenizer, max_tokens, temperature))
     built = apply_overrides(built, loaded.items, spec.sampling, loaded.columns, check=row_check)
+    built = apply_adapters(built, loaded.items, spec.engine, loaded.columns)
     return Checked(loaded=loaded, built=built, model=ref, max_model_len=max_len)

@@ -39,6 +39,11 @@ def _temperature(row: object) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
 
 
+def _lora(row: object) -> str | None:
+    value = getattr(row, "lora", None)
+    return None if value is None or pd.isna(value) else str(value)
+
+
 def plan_beam_retries(latest: pd.DataFrame, retry: RetrySpec, max_model_len: int, width: int) -> list[GenRequest]:
     """Beam search: an item with a cut-off beam searches again, all beams, with the grown budget (beams of
     different searches are not the same candidates, so `continue` does not apply)."""
@@ -52,7 +57,8 @@ def plan_beam_retries(latest: pd.DataFrame, retry: RetrySpec, max_model_len: int
             continue
         requests.append(GenRequest(
             item_id=item_id, prompt=row.prompt, prompt_token_ids=list(row.prompt_token_ids), max_tokens=budget,
-            attempt=int(row.attempt) + 1, strategy="grow", candidate=None, n=width, temperature=_temperature(row)))
+            attempt=int(row.attempt) + 1, strategy="grow", candidate=None, n=width, temperature=_temperature(row),
+            lora=_lora(row)))
     return requests
 
 
@@ -99,7 +105,7 @@ def resample_request(row: object, retry: RetrySpec, temperature: float) -> GenRe
     return GenRequest(
         item_id=row.item_id, prompt=row.prompt, prompt_token_ids=list(row.prompt_token_ids),
         max_tokens=int(row.max_tokens), attempt=int(row.attempt) + 1, strategy="resample",
-        candidate=int(row.candidate), n=1, temperature=moved)
+        candidate=int(row.candidate), n=1, temperature=moved, lora=_lora(row))
 
 
 def grow_request(row: object, retry: RetrySpec, max_model_len: int) -> GenRequest | None:
@@ -110,7 +116,7 @@ def grow_request(row: object, retry: RetrySpec, max_model_len: int) -> GenReques
     request = GenRequest(
         item_id=row.item_id, prompt=row.prompt, prompt_token_ids=list(row.prompt_token_ids),
         max_tokens=budget, attempt=int(row.attempt) + 1, strategy=retry.strategy,
-        candidate=int(row.candidate), n=1, temperature=_temperature(row),
+        candidate=int(row.candidate), n=1, temperature=_temperature(row), lora=_lora(row),
     )
     if retry.strategy == "continue":
         request.prefix_text = row.text
