@@ -72,7 +72,14 @@ def cpu_problem(spec: Any, cpu: bool | None = None) -> tuple[str, str] | None:
 
         cpu = on_cpu()
     sampling = spec.sampling
-    if not cpu or sampling.seed is None or sampling.use_beam_search:
+    if not cpu:
+        return None
+    if spec.engine.enable_lora and sampling.passthrough.get("prompt_logprobs") is not None:
+        # vLLM 0.32's CPU LoRA logits processor fails on prompt logprobs (einsum shape error in bgmv_shrink)
+        return "sampling.prompt_logprobs", ("with engine.enable_lora the CPU build of vLLM fails computing prompt "
+                                            "logprobs (its LoRA logits processor); leave one of them out or run on "
+                                            "a GPU")
+    if sampling.seed is None or sampling.use_beam_search:
         return None
     why = ("a per-request seed with temperature > 0 crashes vLLM's CPU engine; leave sampling.seed out "
            "(engine.seed seeds the engine) or run on a GPU")

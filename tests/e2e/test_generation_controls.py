@@ -1,8 +1,8 @@
 """Generation controls on the real engine, checked in the published data: vLLM's other SamplingParams fields
 under their own names, selection all, a job's chat template, Great Expectations' own expectations, structured
-output as choice, and resampling of outputs that fail an expectation (retry.on).
+output as choice, and resampling of outputs that fail an expectation (retry.on). (LoRA: test_lora_engine.py.)
 
-Two flow runs share one engine (same engine section): outputs are forced where a check needs them exact
+Two flow runs share one engine (the same engine section): outputs are forced where a check needs them exact
 (a logit bias of +100 on one token), few items, budgets of a few tokens.
 """
 
@@ -156,3 +156,4 @@ def test_outputs_failing_an_expectation_in_retry_on_are_resampled_and_the_manife
     page = (out / "current" / "report.html").read_text(encoding="utf-8")
     if len(resampled_winners):
         assert f'data-rescued="beta_or_gamma">{len(resampled_winners)}<' in page
+

@@ -140,6 +140,13 @@ def test_a_per_request_seed_is_refused_on_cpu_only_where_it_would_crash_the_engi
     assert cpu_problem(spec, cpu=False) is None  # GPUs take per-request seeds
 
 
+def test_prompt_logprobs_with_lora_enabled_is_refused_on_cpu_only(tmp_path):
+    spec = job_from_dict(job_with(sampling={"prompt_logprobs": 1}, engine={"enable_lora": True}), base_dir=tmp_path)
+    field, why = cpu_problem(spec, cpu=True)
+    assert field == "sampling.prompt_logprobs" and "engine.enable_lora" in why
+    assert cpu_problem(spec, cpu=False) is None
+
+
 @pytest.mark.parametrize(("constraint", "value", "texts", "passed"), [
     ("regex", "(yes|no)", ["yes", "no!", "maybe"], [True, False, False]),
     ("choice", ["red", "green"], ["red", "Red", "green "], [True, False, False]),
