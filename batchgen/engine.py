@@ -102,6 +102,11 @@ def engine_args(spec: EngineSpec, model: ModelRef, cpu: bool) -> dict[str, Any]:
         for name in ("max_lora_rank", "max_loras"):
             if getattr(spec, name) is not None:
                 args[name] = getattr(spec, name)
+        if cpu:
+            # vLLM 0.32's CPU LoRA ops index the adapter slots with -1 for "no adapter", which picks the last
+            # slot: with every slot holding an adapter, base-model requests of a mixed batch get that adapter.
+            # One slot more than the job's adapters stays empty (zero weights), so -1 means the base model.
+            args["max_loras"] = max(spec.max_loras or 1, len(spec.lora_adapters) + 1)
     args.update(spec.extra_args)
     return args
 

@@ -35,8 +35,8 @@ def make_adapter(folder: Path, rank: int = 8, seed: int = 0) -> Path:
     for layer in range(config["num_hidden_layers"]):
         for name, out in shapes.items():
             prefix = f"base_model.model.model.layers.{layer}.self_attn.{name}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, hidden, generator=generator) * 0.05
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out, rank, generator=generator) * 0.05
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, hidden, generator=generator) * 0.3
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out, rank, generator=generator) * 0.3
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "adapter_model.safetensors"))
     (folder / "adapter_config.json").write_text(json.dumps({

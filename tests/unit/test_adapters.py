@@ -34,8 +34,10 @@ def test_adapters_resolve_against_the_job_file_and_reach_vllm_llm(tmp_path):
     job = job_from_dict(lora_job(tmp_path, lora="warm", max_loras=2), base_dir=tmp_path)
 
     assert job.engine.lora_adapters["warm"] == str((tmp_path / "adapters" / "warm").resolve())
-    args = engine_args(job.engine, ModelRef(name="m", path="/m"), cpu=True)
+    args = engine_args(job.engine, ModelRef(name="m", path="/m"), cpu=False)
     assert args["enable_lora"] is True and args["max_lora_rank"] == 8 and args["max_loras"] == 2
+    # CPU builds: one adapter slot more than the job's adapters, left empty for base-model requests
+    assert engine_args(job.engine, ModelRef(name="m", path="/m"), cpu=True)["max_loras"] == 3
     assert "enable_lora" not in engine_args(job_from_dict(job_with(), base_dir=tmp_path).engine,
                                             ModelRef(name="m", path="/m"), cpu=True)
 
