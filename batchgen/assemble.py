@@ -1,7 +1,7 @@
 """From items, rejections and validated generations to the published tables.
 
-Every input item ends in exactly one of the two tables: accepted (one chosen candidate)
-or rejected (with reasons). `assemble` checks that partition and raises if it is broken,
+Every input item ends in exactly one of the two tables: accepted (one chosen candidate,
+or with selection `all` every passing one, a row each) or rejected (with reasons). `assemble` checks that partition and raises if it is broken,
 because that would be a bug, never a data problem.
 """
 
@@ -126,6 +126,8 @@ def assemble(
         fields.append("temperature")
     if sampling.logprobs is not None:
         fields.append("logprobs")
+    if "lora" in final.columns and final["lora"].notna().any():
+        fields.append("lora")  # the adapter that wrote each output (engine.lora, engine.lora_column)
     extra = structured_columns(sampling.json_schema)
     fields += extra
     inputs = {row["item_id"]: {c: row[c] for c in columns} for row in items.to_dict(orient="records")}
@@ -138,7 +140,11 @@ def assemble(
         for r in early_rejections
     ]
     generated = set()
-    picked = choose_candidates(final, sampling.selection, sampling.use_beam_search) if len(final) else final
+    every = sampling.selection == "all"  # every passing candidate is published; the item's verdict is first_passing's
+    chosen_by = "first_passing" if every else sampling.selection
+    picked = choose_candidates(final, chosen_by, sampling.use_beam_search) if len(final) else final
+    passing = (final[final["passed"].astype(bool)].sort_values(["item_id", "candidate"], kind="stable")
+               .groupby("item_id", sort=False) if every and len(final) else None)
     copied = [f for f in fields if f in picked.columns and f not in ("item_id", "row_number", "input")]
     for chosen in picked.to_dict(orient="records"):
         item_id = chosen["item_id"]
@@ -146,10 +152,11 @@ def assemble(
         ok, n_candidates = bool(chosen["passed"]), int(chosen["_n_candidates"])
         base = {"item_id": item_id, "row_number": numbers.get(item_id), "input": inputs.get(item_id)}
         if ok:
-            row = {**base, **{f: chosen[f] for f in copied}}
-            row.update(n_candidates=n_candidates, n_passing=int(chosen["_n_passing"]),
-                       selection=sampling.selection, **structured_values(chosen["text"], extra))
-            accepted.append(row)
+            for published in (passing.get_group(item_id).to_dict(orient="records") if every else [chosen]):
+                row = {**base, **{f: published[f] for f in copied}}
+                row.update(n_candidates=n_candidates, n_passing=int(chosen["_n_passing"]),
+                           selection=sampling.selection, **structured_values(published["text"], extra))
+                accepted.append(row)
         else:
             reasons = list(chosen["failed"])
             which = " (highest cumulative_logprob)" if sampling.selection == "max_logprob" and n_candidates > 1 else ""
@@ -176,8 +183,14 @@ def assemble(
 
 
 def check_exactly_once(items: pd.DataFrame, early_rejections: list[Rejection], result: Assembled) -> None:
+    """Every item is accepted or rejected, once. With selection `all` an accepted item has one results row per
+    published candidate: it counts once, and no candidate twice."""
     expected = set(items["item_id"]) | {r.item_id for r in early_rejections}
-    published = list(result.accepted["item_id"]) + list(result.rejected["item_id"])
+    rows = result.accepted[["item_id", "candidate"]]
+    if rows.duplicated().any():
+        twice = rows[rows.duplicated()]
+        raise LostItemsError(f"candidates published twice: {list(map(tuple, twice.to_numpy()[:5]))}")
+    published = list(dict.fromkeys(result.accepted["item_id"])) + list(result.rejected["item_id"])
     duplicates = {i for i, count in Counter(published).items() if count > 1}
     missing = expected - set(published)
     extra = set(published) - expected

@@ -98,6 +98,16 @@ def engine_args(spec: EngineSpec, model: ModelRef, cpu: bool) -> dict[str, Any]:
         args["max_model_len"] = max_len
     if spec.max_num_seqs:
         args["max_num_seqs"] = spec.max_num_seqs
+    if spec.enable_lora:
+        args["enable_lora"] = True
+        for name in ("max_lora_rank", "max_loras"):
+            if getattr(spec, name) is not None:
+                args[name] = getattr(spec, name)
+        if cpu:
+            # vLLM 0.32's CPU LoRA ops index the adapter slots with -1 for "no adapter", which picks the last
+            # slot: with every slot holding an adapter, base-model requests of a mixed batch get that adapter.
+            # One slot more than the job's adapters stays empty (zero weights), so -1 means the base model.
+            args["max_loras"] = max(spec.max_loras or 1, len(spec.lora_adapters) + 1)
     args.update(spec.extra_args)
     return args
 
@@ -122,7 +132,9 @@ def engine_in_process(spec: EngineSpec, cpu: bool, environ: dict[str, str] | Non
 
 
 def _key(spec: EngineSpec) -> tuple:
-    return tuple(sorted((k, repr(v)) for k, v in spec.model_dump().items()))
+    # which adapter requests use does not change the engine
+    exclude = {"lora", "lora_column", "lora_adapters"}  # adapters are loaded per request
+    return tuple(sorted((k, repr(v)) for k, v in spec.model_dump(exclude=exclude).items()))
 
 
 def get_engine(spec: EngineSpec) -> Engine:

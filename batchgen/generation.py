@@ -37,17 +37,21 @@ class GenRequest:
     prefix_logprob: float | None = 0.0
     prefix_logprobs: list[Any] | None = None  # top logprobs of the prefix tokens, when the job asks for them
     temperature: float | None = None  # the row's own temperature (sampling.overrides), else the job's
+    lora: str | None = None  # the LoRA adapter's name (engine.lora_adapters), None: the base model
 
 
 # Job fields that are not SamplingParams arguments: they shape requests or selection instead.
 NOT_SAMPLING_PARAMS = {"selection", "best_of", "use_beam_search", "beam_width", "length_penalty", "json_schema",
-                       "overrides", "keep_logprob"}
+                       "regex", "choice", "grammar", "overrides", "keep_logprob"}
+# The job's structured output constraint, as StructuredOutputsParams names it.
+STRUCTURED_NAMES = {"json_schema": "json", "regex": "regex", "choice": "choice", "grammar": "grammar"}
 
 
 def sampling_kwargs(spec: SamplingSpec) -> dict[str, Any]:
     """Engine keyword arguments shared by every request of a job (JSON-able: they are part of request keys).
 
-    Sampling: SamplingParams arguments, the JSON schema as `structured_outputs`. Beam search:
+    Sampling: SamplingParams arguments under vLLM's names (the job's own fields and any other field of
+    SamplingParams it names), the structured output constraint as `structured_outputs`. Beam search:
     BeamSearchParams arguments, marked with `beam_search`.
     """
     if spec.use_beam_search:
@@ -59,6 +63,8 @@ def sampling_kwargs(spec: SamplingSpec) -> dict[str, Any]:
     kwargs["stop_token_ids"] = kwargs["stop_token_ids"] or None
     if kwargs["top_k"] is None:
         kwargs.pop("top_k")
+    if kwargs["seed"] is None:
+        kwargs.pop("seed")
     # logprobs=0 returns only the sampled token's logprob: enough for cumulative_logprob. Asked for only
     # when the job needs it: on an H200 it cut a small model's throughput by ~40% (15.6k against 26.0k tokens/s).
     if spec.logprobs is not None:
@@ -67,19 +73,29 @@ def sampling_kwargs(spec: SamplingSpec) -> dict[str, Any]:
         kwargs["logprobs"] = 0
     else:
         kwargs.pop("logprobs")
-    if spec.json_schema is not None:
-        kwargs["structured_outputs"] = {"json": spec.json_schema}
+    if spec.structured is not None:
+        name, value = spec.structured
+        kwargs["structured_outputs"] = {STRUCTURED_NAMES[name]: value}
     return kwargs
 
 
 def sampling_params(kwargs: dict[str, Any]) -> Any:
     """vllm.SamplingParams from engine_budget's arguments."""
+    import msgspec
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    kwargs = dict(kwargs)
+    from batchgen.job import vllm_values
+
+    kwargs = vllm_values(dict(kwargs))
     if kwargs.get("structured_outputs") is not None:
         kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+    if isinstance(kwargs.get("logit_bias"), dict):  # token ids are text once the job has been through JSON
+        kwargs["logit_bias"] = {int(token): float(bias) for token, bias in kwargs["logit_bias"].items()}
+    if isinstance(kwargs.get("repetition_detection"), dict):  # a struct of its own in vLLM
+        from vllm.sampling_params import RepetitionDetectionParams
+
+        kwargs["repetition_detection"] = msgspec.convert(kwargs["repetition_detection"], RepetitionDetectionParams)
     return SamplingParams(**kwargs)
 
 
@@ -111,6 +127,7 @@ def request_key(request: GenRequest, sampling: dict[str, Any], model_identity: s
         "candidate": request.candidate,
         "attempt": request.attempt,
         "strategy": request.strategy,
+        **({"lora": request.lora} if request.lora is not None else {}),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
@@ -126,15 +143,18 @@ def first_pass_requests(prompts: pd.DataFrame, sampling: SamplingSpec) -> list[G
     for row in prompts.itertuples(index=False):
         budget = _row_value(row, "max_tokens")
         temperature = _row_value(row, "temperature")
+        lora = _row_value(row, "lora")
         requests.append(GenRequest(
             item_id=row.item_id, prompt=row.prompt, prompt_token_ids=list(row.prompt_token_ids),
             max_tokens=sampling.max_tokens if budget is None else int(budget), n=sampling.candidates,
-            temperature=None if temperature is None else float(temperature)))
+            temperature=None if temperature is None else float(temperature),
+            lora=None if lora is None else str(lora)))
     return requests
 
 
 def output_rows(request: GenRequest, output: Any, key: str, seconds: float,
-                finished_at: datetime | None = None, keep_logprobs: bool = False) -> list[dict[str, Any]]:
+                finished_at: datetime | None = None, keep_logprobs: bool = False,
+                keep_prompt_logprobs: bool = False) -> list[dict[str, Any]]:
     """Flatten one vLLM RequestOutput into rows, keeping every field the seeds list."""
     rows = []
     for completion in output.outputs:
@@ -163,8 +183,11 @@ def output_rows(request: GenRequest, output: Any, key: str, seconds: float,
             "stop_reason": None if completion.stop_reason is None else str(completion.stop_reason),
             "max_tokens": request.max_tokens,
             "temperature": request.temperature,
+            "lora": request.lora,
             "logprobs": ((request.prefix_logprobs or []) + (top_logprobs(completion.logprobs) or [])
                          if keep_logprobs else None),
+            "prompt_logprobs": (top_logprobs(getattr(output, "prompt_logprobs", None))
+                                if keep_prompt_logprobs else None),
             "chunk_seconds": seconds,
             "chunk_finished_at": finished_at,
         })
@@ -194,7 +217,8 @@ def beam_rows(request: GenRequest, output: Any, key: str, seconds: float, finish
             "cumulative_logprob": float(beam.cum_logprob),
             "finish_reason": "stop" if ended or len(new) < request.max_tokens else "length",
             "stop_reason": None, "max_tokens": request.max_tokens, "temperature": request.temperature,
-            "logprobs": logprobs, "chunk_seconds": seconds, "chunk_finished_at": finished_at,
+            "lora": request.lora,
+            "logprobs": logprobs, "prompt_logprobs": None, "chunk_seconds": seconds, "chunk_finished_at": finished_at,
         })
     return rows
 
@@ -206,6 +230,13 @@ def engine_budget(base: dict[str, Any], request: GenRequest) -> dict[str, Any]:
               "min_tokens": max(0, base.get("min_tokens", 0) - done)}
     if request.temperature is not None:
         kwargs["temperature"] = request.temperature
+    if base.get("seed") is not None and request.candidate is not None:
+        # vLLM seeds candidate i of a request with seed+i: a grown or continued candidate keeps its seed, a
+        # resampled one gets a seed no other candidate or attempt of the item has.
+        offset = request.candidate
+        if request.strategy == "resample":
+            offset += base.get("n", 1) * (request.attempt - 1)
+        kwargs["seed"] = base["seed"] + offset
     return kwargs
 
 
@@ -229,7 +260,7 @@ def engine_requests(pending: list[tuple[str, GenRequest]], base: dict[str, Any])
     prompts, params = [], []
     for _, request in pending:
         kwargs = engine_budget(base, request)
-        marker = (kwargs["max_tokens"], kwargs["n"], kwargs["min_tokens"], kwargs.get("temperature"))
+        marker = (kwargs["max_tokens"], kwargs["n"], kwargs["min_tokens"], kwargs.get("temperature"), kwargs.get("seed"))
         if marker not in shared:
             shared[marker] = sampling_params(kwargs)
             # One output per request, when it is done (as LLM.generate asks): all n completions together, and no
@@ -256,6 +287,7 @@ def run_requests(
     commit_seconds: float = 10.0,
     done: dict[str, list[dict[str, Any]]] | Callable[[set[str]], dict[str, list[dict[str, Any]]]] | None = None,
     on_commit: Callable[[list[dict[str, Any]], int, int], None] | None = None,
+    adapters: dict[str, str] | None = None,
 ) -> Ran:
     """Generate every request not already in `done` (keyed by request_key); return all rows and the reuse count.
 
@@ -267,7 +299,10 @@ def run_requests(
     finish and are handed to `on_commit(new_rows, requests_done, requests_total)` every
     `commit_every` outputs or `commit_seconds`, whichever comes first (the caller commits them
     there). Other tasks may feed the same stream meanwhile: the engine never drains between them.
+    `adapters` ({name: folder}, engine.lora_adapters) resolves each request's `lora` to a LoRARequest.
     """
+    from batchgen.adapters import lora_request
+
     base = sampling_kwargs(sampling)
     keyed = [(request_key(r, base, model_identity), r) for r in requests]
     if callable(done):
@@ -299,8 +334,10 @@ def run_requests(
         return Ran(rows, reused, started, time.perf_counter())
 
     keep = sampling.logprobs is not None
+    keep_prompt = sampling.passthrough.get("prompt_logprobs") is not None
     prompts, params = engine_requests(pending, base)
-    submission = engine.stream.submit(prompts, params)
+    loras = [lora_request(adapters or {}, request.lora) for _, request in pending] if adapters else None
+    submission = engine.stream.submit(prompts, params, loras)
     del prompts, params
     since = time.perf_counter()
     try:
@@ -310,7 +347,7 @@ def run_requests(
             finished_at = datetime.now(timezone.utc)
             new_rows = [row for index, output in batch
                         for row in output_rows(pending[index][1], output, pending[index][0], seconds, finished_at,
-                                               keep)]
+                                               keep, keep_prompt)]
             rows.extend(new_rows)
             finished += len(batch)
             if on_commit is not None:

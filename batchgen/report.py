@@ -552,6 +552,14 @@ PAGE = """<!doctype html>
 {% else %}<tr><td colspan="2" class="muted">none</td></tr>{% endfor %}
 </table>
 
+<h2>Rescued by retries</h2>
+<p class="muted">Accepted items whose published candidate failed on an earlier attempt, by the reason it failed.</p>
+<table id="rescued"><tr><th>reason</th><th>items</th></tr>
+{% for reason, n in m.counts.get('rescued_by_reason', {}).items() %}
+ <tr><td>{{ reason }}</td><td class="n" data-rescued="{{ reason }}">{{ n }}</td></tr>
+{% else %}<tr><td colspan="2" class="muted">none</td></tr>{% endfor %}
+</table>
+
 <h2>Expectations</h2>
 <table id="expectations"><tr><th>pass</th><th>expectation</th><th>description</th><th>rows</th><th>failed</th>
 <th>pass rate</th></tr>
@@ -610,6 +618,7 @@ def cards(manifest: dict[str, Any]) -> list[tuple[str, str, Any]]:
         ("truncated_first_pass", "cut off, first pass", counts["truncated_first_pass"]),
         ("truncated_final", "cut off, final", counts["truncated_final"]),
         ("retry_attempts", "retry attempts", counts["retry_attempts"]),
+        ("rescued", "accepted after a retry", counts.get("rescued", 0)),
         ("reused", "reused from earlier commits", counts["reused"]),
         ("generated_this_run", "output tokens this run", tokens["generated_this_run"]),
         ("output_per_second", "output tokens/s", tokens["output_per_second"]),

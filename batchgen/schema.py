@@ -32,7 +32,9 @@ ATTEMPT_SCHEMA = pa.schema([
     ("stop_reason", pa.string()),
     ("max_tokens", pa.int32()),
     ("temperature", pa.float64()),  # the row's own temperature (sampling.overrides); null: the job's
+    ("lora", pa.string()),  # the LoRA adapter's name (engine.lora_adapters); null: the base model
     ("logprobs", LOGPROBS_TYPE),  # null unless sampling.logprobs is set
+    ("prompt_logprobs", LOGPROBS_TYPE),  # null unless sampling.prompt_logprobs is set; the first position is empty
     ("chunk_seconds", pa.float64()),
     ("chunk_finished_at", pa.timestamp("us", tz="UTC")),  # wall clock: throughput over the run
 ])
@@ -109,7 +111,7 @@ def _has_empty_struct(kind: pa.DataType) -> bool:
 # Result columns a job may add: candidates and selection with n > 1, logprobs when asked.
 OPTIONAL_RESULT_FIELDS = {
     "n_candidates": pa.int32(), "n_passing": pa.int32(), "selection": pa.string(), "temperature": pa.float64(),
-    "logprobs": LOGPROBS_TYPE,
+    "logprobs": LOGPROBS_TYPE, "lora": pa.string(),
 }
 
 

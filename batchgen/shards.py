@@ -35,7 +35,7 @@ from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, ROW_GROUP_ROWS, VALIDA
 
 SHARDS = "shards"
 SUMMED = ("items", "accepted", "rejected", "generated_items", "truncated_first_pass", "truncated_final", "attempts",
-          "retry_attempts", "reused")
+          "retry_attempts", "reused", "rescued")
 TABLES = (RESULTS, REJECTED, ATTEMPTS)
 BATCH_ROWS = ROW_GROUP_ROWS  # rows per piece copied from a shard's table: a row group of a publication
 
@@ -98,9 +98,11 @@ def _pieces(paths: list[Path]) -> Iterator[pa.Table]:
 def _merged_counts(manifests: list[dict[str, Any]]) -> dict[str, Any]:
     """The shards' counts summed (`add_tallies`); a count a shard's manifest lacks counts 0."""
     counts = reduce(add_tallies, ({**{key: m["counts"].get(key, 0) for key in SUMMED},
-                                   "rejected_by_reason": m["counts"].get("rejected_by_reason", {})}
+                                   "rejected_by_reason": m["counts"].get("rejected_by_reason", {}),
+                                   "rescued_by_reason": m["counts"].get("rescued_by_reason", {})}
                                   for m in manifests), None)
     counts["rejected_by_reason"] = dict(sorted(counts["rejected_by_reason"].items()))
+    counts["rescued_by_reason"] = dict(sorted(counts["rescued_by_reason"].items()))
     return counts
 
 
@@ -121,8 +123,10 @@ def merge_shards(out_dir: str | Path, shard_dirs: list[Path], ids: list[str], ma
 def _merge(out_dir: Path, sources: list[tuple[dict[str, Any], dict[str, Path], list[dict[str, Any]]]],
            ids: list[str], manifest: dict[str, Any], jsonl: bool) -> tuple[dict[str, Any], Path]:
     manifests = [source[0] for source in sources]
+    # An item with several results rows (selection `all`: one per published candidate) counts once.
     published = Counter(item_id for _, paths, _ in sources for name in (RESULTS, REJECTED)
-                        for item_id in pq.read_table(paths[name], columns=["item_id"]).column("item_id").to_pylist())
+                        for item_id in (dict.fromkeys if name == RESULTS else list)(
+                            pq.read_table(paths[name], columns=["item_id"]).column("item_id").to_pylist()))
     twice = sorted(k for k, n in published.items() if n > 1)
     missing = sorted(set(ids) - set(published))
     extra = sorted(set(published) - set(ids))

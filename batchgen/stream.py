@@ -49,6 +49,7 @@ class Submission:
     def __init__(self, stream: EngineStream, prompts: list[Any], params: list[Any], tag: str):
         self.stream = stream
         self.prompts, self.params = prompts, params
+        self.loras: list[Any] | None = None  # a LoRARequest (or None) per prompt, when any request uses an adapter
         self.ids = [f"{tag}-{i}" for i in range(len(prompts))]
         self.total = len(prompts)
         self.received = 0
@@ -117,11 +118,13 @@ class EngineStream:
 
     # ---------------------------------------------------------------- submitters' side
 
-    def submit(self, prompts: list[Any], params: list[Any]) -> Submission:
-        """Queue requests (vLLM prompts, e.g. TokensPrompt, and one SamplingParams each); returns at once."""
+    def submit(self, prompts: list[Any], params: list[Any], loras: list[Any] | None = None) -> Submission:
+        """Queue requests (vLLM prompts, e.g. TokensPrompt, and one SamplingParams each, and optionally one
+        LoRARequest or None each); returns at once."""
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling parameters")
         submission = Submission(self, prompts, params, f"bg{next(self._tags)}")
+        submission.loras = loras if loras and any(lora is not None for lora in loras) else None
         if prompts:
             self._send(_Message("add", submission=submission))
         return submission
@@ -239,11 +242,16 @@ class EngineStream:
             for index in range(start, stop):
                 request_id = submission.ids[index]
                 self._routes[request_id] = (submission, index)
-                self.engine.add_request(request_id, submission.prompts[index], submission.params[index])
+                if submission.loras is None:
+                    self.engine.add_request(request_id, submission.prompts[index], submission.params[index])
+                else:
+                    self.engine.add_request(request_id, submission.prompts[index], submission.params[index],
+                                            lora_request=submission.loras[index])
             budget -= stop - start
             if stop == submission.total:
                 self._adding.pop(0)
                 submission.prompts = submission.params = []  # the engine holds its own copies now
+                submission.loras = None
             else:
                 self._adding[0] = (submission, stop)
 

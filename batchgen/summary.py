@@ -28,6 +28,7 @@ def summary_markdown(manifest: dict[str, Any]) -> str:
         f"| truncated, first pass | {counts['truncated_first_pass']} ({_pct(rates['truncation_first_pass'])}) |",
         f"| truncated, final | {counts['truncated_final']} ({_pct(rates['truncation_final'])}) |",
         f"| retry attempts | {counts['retry_attempts']} |",
+        f"| accepted after a retry | {counts.get('rescued', 0)} |",
         f"| results reused from earlier commits | {counts['reused']} |",
         f"| output tokens (generated this run) | {tokens['generated_this_run']} |",
         f"| output tokens/s (generation) | {tokens['output_per_second']} |",
@@ -43,6 +44,11 @@ def summary_markdown(manifest: dict[str, Any]) -> str:
         "| --- | --- |",
     ]
     lines += [f"| {reason} | {n} |" for reason, n in counts["rejected_by_reason"].items()] or ["| (none) | 0 |"]
+    rescued = counts.get("rescued_by_reason") or {}
+    if rescued:
+        lines += ["", "**Rescued by retries, by the reason an earlier attempt failed**", "", "| reason | items |",
+                  "| --- | --- |"]
+        lines += [f"| {reason} | {n} |" for reason, n in rescued.items()]
     lines += ["", "**Timings (s)**", "", "| step | seconds |", "| --- | --- |"]
     lines += [f"| {step} | {seconds} |" for step, seconds in manifest["timings_seconds"].items()]
     return "\n".join(lines) + "\n"

@@ -59,3 +59,34 @@ def sampling_problem(sampling: SamplingSpec, model_config: Any = None, tokenizer
     return None
 
 
+
+
+def cpu_problem(spec: Any, cpu: bool | None = None) -> tuple[str, str] | None:
+    """(field, why) when the job asks for something the CPU build of vLLM cannot do, or None (GPUs: always None).
+
+    A per-request seed with temperature > 0 kills the CPU engine's sampler ("CPU Generator does not use
+    offset"): a seed is allowed there only when no request samples, first pass, per-row temperatures and
+    resampled attempts included."""
+    if cpu is None:
+        from batchgen.engine import on_cpu
+
+        cpu = on_cpu()
+    sampling = spec.sampling
+    if not cpu:
+        return None
+    if spec.engine.enable_lora and sampling.passthrough.get("prompt_logprobs") is not None:
+        # vLLM 0.32's CPU LoRA logits processor fails on prompt logprobs (einsum shape error in bgmv_shrink)
+        return "sampling.prompt_logprobs", ("with engine.enable_lora the CPU build of vLLM fails computing prompt "
+                                            "logprobs (its LoRA logits processor); leave one of them out or run on "
+                                            "a GPU")
+    if sampling.seed is None or sampling.use_beam_search:
+        return None
+    why = ("a per-request seed with temperature > 0 crashes vLLM's CPU engine; leave sampling.seed out "
+           "(engine.seed seeds the engine) or run on a GPU")
+    if sampling.temperature > 0:
+        return "sampling.seed", f"{why} (sampling.temperature is {sampling.temperature})"
+    if "temperature" in sampling.overrides:
+        return "sampling.seed", f"{why} (sampling.overrides.temperature takes rows' own temperatures)"
+    if set(spec.retry.on) - {"truncated"} and spec.retry.temperature_step > 0:
+        return "sampling.seed", f"{why} (retry.temperature_step raises the temperature of resampled attempts)"
+    return None

@@ -1,7 +1,8 @@
 """The GX suite a job's outputs are validated against, built from the job's expectations.
 
 Every expectation carries `meta.batchgen_id`: the short name that appears in a rejected
-row's reasons (`length`, `keyword`, `must_match`, `must_not_match`, `truncated`, `json_schema`).
+row's reasons (`length`, `keyword`, `must_match`, `must_not_match`, `truncated`, and the structured
+output constraint's: `json_schema`, `regex`, `choice`, `grammar`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import great_expectations as gx
 import great_expectations.expectations as gxe
 import jsonschema
 from great_expectations.execution_engine import PandasExecutionEngine
+from great_expectations.expectations.expectation import ColumnMapExpectation, ColumnPairMapExpectation, \
+    MulticolumnMapExpectation
 from great_expectations.expectations.metrics import ColumnMapMetricProvider, column_condition_partial
 
-from batchgen.job import ExpectationsSpec
+from batchgen.job import ExpectationsSpec, GxExpectationSpec
 
 
 def matches_json_schema(text: Any, schema: dict[str, Any]) -> bool:
@@ -46,6 +49,44 @@ class ExpectOutputToMatchJsonSchema(gxe.ExpectColumnValuesToMatchJsonSchema):
     description: str = "Each output is JSON valid under the job's JSON schema"
 
 
+def grammar_matcher(grammar: str) -> Any:
+    """An xgrammar matcher of strings (the grammar engine vLLM's structured outputs use); no tokenizer needed."""
+    import xgrammar
+
+    compiled = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo([]), cache_enabled=False).compile_grammar(grammar)
+    return compiled
+
+
+def matches_grammar(text: Any, compiled: Any) -> bool:
+    """The whole text is a sentence of the grammar."""
+    import xgrammar
+
+    if not isinstance(text, str):
+        return False
+    matcher = xgrammar.GrammarMatcher(compiled, terminate_without_stop_token=True)
+    return bool(matcher.accept_string(text)) and matcher.is_terminated()
+
+
+class ColumnValuesMatchGrammar(ColumnMapMetricProvider):
+    condition_metric_name = "column_values.batchgen_match_grammar"
+    condition_value_keys = ("grammar",)
+
+    @column_condition_partial(engine=PandasExecutionEngine)
+    def _pandas(cls, column, grammar, **kwargs):
+        compiled = grammar_matcher(grammar)
+        return column.map(lambda text: matches_grammar(text, compiled))
+
+
+class ExpectOutputToMatchGrammar(ColumnMapExpectation):
+    """Each output is a sentence of the job's grammar (sampling.grammar, EBNF as xgrammar reads it)."""
+
+    grammar: str
+    column: str = "text"
+    map_metric = "column_values.batchgen_match_grammar"
+    success_keys = ("grammar", "mostly")
+    description: str = "Each output follows the job's grammar"
+
+
 class ExpectOutputToMentionKeyword(gxe.ExpectColumnValuesToBeInSet):
     """Each output mentions its item's keyword (the job's keyword column, case-insensitive)."""
 
@@ -62,11 +103,72 @@ class ExpectOutputNotTruncated(gxe.ExpectColumnValuesToBeInSet):
     description: str = "Each output ended on its own (finish_reason stop), not cut off by max_tokens"
 
 
-def build_suite(spec: ExpectationsSpec, name: str, json_schema: dict[str, Any] | None = None) -> gx.ExpectationSuite:
-    """A suite over the columns of a generation table: text, finish_reason and derived checks."""
+def structured_expectation(constraint: str, value: Any) -> gxe.Expectation:
+    """The expectation that checks a structured output constraint (sampling.json_schema, regex, choice, grammar)."""
+    meta = {"batchgen_id": constraint}
+    if constraint == "json_schema":
+        return ExpectOutputToMatchJsonSchema(json_schema=value, meta=meta)
+    if constraint == "regex":  # vLLM constrains the whole output to the regex
+        return gxe.ExpectColumnValuesToMatchRegex(column="text", regex=f"^(?:{value})$", meta=meta,
+                                                  description=f"Each output matches {value} as a whole")
+    if constraint == "choice":
+        return gxe.ExpectColumnValuesToBeInSet(column="text", value_set=list(value), meta=meta,
+                                               description=f"Each output is one of {', '.join(map(repr, value))}")
+    if constraint == "grammar":
+        return ExpectOutputToMatchGrammar(grammar=value, meta=meta)
+    raise ValueError(f"unknown structured output constraint {constraint!r}")
+
+
+# The columns of the table the suite validates, one row per output (expectations.validate.prepare_frame);
+# keyword_present only when the job has a keyword column.
+OUTPUT_COLUMNS = ("text", "finish_reason", "stop_reason", "n_output_tokens", "n_prompt_tokens",
+                  "cumulative_logprob", "candidate", "attempt", "keyword_present")
+_COLUMN_KWARGS = ("column", "column_A", "column_B")
+PER_ROW = (ColumnMapExpectation, ColumnPairMapExpectation, MulticolumnMapExpectation)
+
+
+def gx_expectation(entry: GxExpectationSpec) -> gxe.Expectation:
+    """The GX expectation a job's `expectations.gx` entry names, built by GX's own class (its kwargs checked);
+    ValueError naming the type or the kwarg when GX refuses it."""
+    from great_expectations.exceptions import ExpectationNotFoundError
+    from great_expectations.expectations.registry import get_expectation_impl
+
+    try:
+        cls = get_expectation_impl(entry.type)
+    except ExpectationNotFoundError:
+        raise ValueError(f"{entry.type!r} is not a Great Expectations expectation type (e.g. "
+                         f"expect_column_values_to_match_regex)") from None
+    if not issubclass(cls, PER_ROW):
+        raise ValueError(f"{entry.type} judges the whole table, not each output; only column map expectations "
+                         f"(expect_column_values_...) give each output a verdict")
+    columns = [entry.kwargs[k] for k in _COLUMN_KWARGS if k in entry.kwargs] + list(entry.kwargs.get("column_list") or [])
+    unknown = [c for c in columns if c not in OUTPUT_COLUMNS]
+    if unknown:
+        raise ValueError(f"{entry.type}: column {unknown[0]!r} is not an output column; the outputs have "
+                         f"{', '.join(OUTPUT_COLUMNS)}")
+    if "meta" in entry.kwargs:
+        raise ValueError(f"{entry.type}: meta is set by batchgen (set id to name the expectation)")
+    try:
+        return cls(**entry.kwargs, meta={"batchgen_id": entry.name})
+    except Exception as exc:  # GX's pydantic (v1) ValidationError, or its own InvalidExpectationConfigurationError
+        errors = getattr(exc, "errors", None)
+        if callable(errors) and errors():
+            first = errors()[0]
+            where = ".".join(str(part) for part in first.get("loc", ()))
+            message = "not an argument of this expectation" if "extra" in first.get("type", "") else first["msg"]
+            raise ValueError(f"{entry.type}: kwargs.{where}: {message}") from None
+        raise ValueError(f"{entry.type}: {str(exc).splitlines()[0]}") from None
+
+
+def build_suite(spec: ExpectationsSpec, name: str, json_schema: dict[str, Any] | None = None,
+                structured: tuple[str, Any] | None = None) -> gx.ExpectationSuite:
+    """A suite over the columns of a generation table: text, finish_reason and derived checks; `structured` is
+    the job's structured output constraint (`json_schema` is the same as ("json_schema", schema))."""
     suite = gx.ExpectationSuite(name=name)
-    if json_schema is not None:
-        suite.add_expectation(ExpectOutputToMatchJsonSchema(json_schema=json_schema, meta={"batchgen_id": "json_schema"}))
+    if structured is None and json_schema is not None:
+        structured = ("json_schema", json_schema)
+    if structured is not None:
+        suite.add_expectation(structured_expectation(*structured))
     if spec.min_chars is not None or spec.max_chars is not None:
         suite.add_expectation(gxe.ExpectColumnValueLengthsToBeBetween(
             column="text", min_value=spec.min_chars, max_value=spec.max_chars,
@@ -87,4 +189,6 @@ def build_suite(spec: ExpectationsSpec, name: str, json_schema: dict[str, Any] |
         ))
     if spec.require_stop:
         suite.add_expectation(ExpectOutputNotTruncated(meta={"batchgen_id": "truncated"}))
+    for entry in spec.gx:
+        suite.add_expectation(gx_expectation(entry))
     return suite

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from batchgen.job import ExpectationsSpec
-from expectations.suite import build_suite
+from expectations.suite import OUTPUT_COLUMNS, build_suite
 
 ROW_KEY = "row_key"
 
@@ -31,6 +31,9 @@ def prepare_frame(rows: pd.DataFrame, keywords: pd.Series | None) -> pd.DataFram
         "text": rows["text"].astype(object),
         "finish_reason": rows["finish_reason"].astype(object),
     })
+    for name in OUTPUT_COLUMNS:  # the other output columns a job's own GX expectations may read
+        if name not in frame and name in rows and name != "keyword_present":
+            frame[name] = rows[name].to_numpy()
     if keywords is not None:
         wanted = rows["item_id"].map(keywords)
         frame["keyword_present"] = [
@@ -46,7 +49,8 @@ def _quiet_gx() -> None:
 
 
 def validate_rows(rows: pd.DataFrame, spec: ExpectationsSpec, keywords: pd.Series | None,
-                  suite_name: str, json_schema: dict[str, Any] | None = None) -> Validation:
+                  suite_name: str, json_schema: dict[str, Any] | None = None,
+                  structured: tuple[str, Any] | None = None) -> Validation:
     """Validate every row with a GX suite built from the job; each row gets the list of expectations it failed."""
     _quiet_gx()
     import great_expectations as gx
@@ -56,7 +60,7 @@ def validate_rows(rows: pd.DataFrame, spec: ExpectationsSpec, keywords: pd.Serie
     context = gx.get_context(mode="ephemeral")  # suites need an active context, even before they are saved
     if os.environ.get("BATCHGEN_VERBOSE") != "1":  # GX's metric bars (tqdm): noise in a batch job's log
         context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
-    suite = build_suite(spec, suite_name, json_schema)
+    suite = build_suite(spec, suite_name, json_schema, structured)
     failed: list[list[str]] = [[] for _ in range(len(frame))]
     result_json: dict[str, Any] = {"success": True, "results": [], "statistics": {}}
     if len(frame) and suite.expectations:

@@ -6,7 +6,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from batchgen.job import JobSpec
-from batchgen.preflight import check_engine, check_output_dir, check_sampling
+from batchgen.preflight import check_cpu_limits, check_engine, check_output_dir, check_sampling
 
 
 @task(name="check-job", cache_policy=NO_CACHE)
@@ -16,5 +16,6 @@ def check_job_task(job: JobSpec) -> None:
     The rows are checked as they are loaded and prompted (a bad row is that row's rejection); `batchgen run`
     and `batchgen check` check every row before the flow starts (batchgen.preflight)."""
     check_output_dir(job.output)
+    check_cpu_limits(job)
     _, tokenizer, _, config = check_engine(job.engine)
     check_sampling(job.sampling, config, tokenizer)

@@ -122,7 +122,7 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Gener
     try:
         ran = run_requests(engine, requests, job.sampling, identity, job.chunk_size,
                            job.commit_seconds, done=store.load,  # this window's commits only
-                           on_commit=on_commit)
+                           on_commit=on_commit, adapters=job.engine.lora_adapters or None)
     except Exception:
         for dead in used:  # the Prefect retry starts from a fresh engine (another window's may already have)
             discard_engine(job.engine, dead)

@@ -8,6 +8,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from batchgen.items import LoadedItems
+from batchgen.adapters import apply_adapters, check_adapter_column
 from batchgen.job import JobSpec
 from batchgen.models import ModelRef
 from batchgen.overrides import apply_overrides, check_override_columns
@@ -32,6 +33,8 @@ def build_prompts_task(job: JobSpec, loaded: LoadedItems) -> PromptStep:
     built = build_prompts(loaded.items, job.prompt, tokenizer, max_len, loaded.columns,
                           job.expectations.keyword_column)
     built = apply_overrides(built, loaded.items, job.sampling, loaded.columns)
+    check_adapter_column(job.engine, loaded.columns)
+    built = apply_adapters(built, loaded.items, job.engine, loaded.columns)
     lengths = built.prompts["n_prompt_tokens"]
     print(
         f"prompts: {len(built.prompts)} built, {len(built.rejected)} rejected; "

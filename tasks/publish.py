@@ -72,10 +72,11 @@ def publish_task(
 
 
 def check_published_once(staging: Path, expected: int) -> None:
-    """Across windows: accepted and rejected hold `expected` distinct item ids, none twice (read as Arrow columns)."""
-    ids = pa.chunked_array([chunk for name in (RESULTS, REJECTED)
-                            for chunk in pq.read_table(staging / name, columns=["item_id"])["item_id"].chunks],
-                           type=pa.string())
+    """Across windows: results and rejected hold `expected` distinct item ids, none twice (read as Arrow columns;
+    with selection `all` an accepted item has a results row per published candidate and counts once)."""
+    accepted = pc.unique(pq.read_table(staging / RESULTS, columns=["item_id"])["item_id"])
+    ids = pa.chunked_array([accepted.cast(pa.string())] +
+                           pq.read_table(staging / REJECTED, columns=["item_id"])["item_id"].chunks, type=pa.string())
     distinct = len(pc.unique(ids))
     if len(ids) != expected or distinct != len(ids):
         raise LostItemsError(f"{staging.name}: {len(ids)} published rows, {distinct} distinct items, "

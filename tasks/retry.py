@@ -1,6 +1,8 @@
-"""Pick the outputs cut off by max_tokens for another pass."""
+"""Pick the outputs that failed one of retry.on for another pass."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pandas as pd
 from prefect import task
@@ -13,11 +15,15 @@ from batchgen.retry import latest_attempts, plan_retries
 
 @task(name="plan-retry", cache_policy=NO_CACHE)
 def plan_retry_task(job: JobSpec, attempts: pd.DataFrame, max_model_len: int, pass_number: int) -> list[GenRequest]:
-    """Requests for the candidates whose latest attempt ended with finish_reason 'length'."""
+    """Requests for the candidates whose latest attempt failed one of retry.on (cut off, or an expectation)."""
     latest = latest_attempts(attempts)
     cut = int((latest["finish_reason"] == "length").sum()) if len(latest) else 0
     requests = plan_retries(latest, job.retry, max_model_len,
-                            job.sampling.candidates if job.sampling.use_beam_search else None)
-    print(f"retry pass {pass_number}: {cut} outputs cut off by max_tokens, {len(requests)} can grow "
-          f"({job.retry.strategy}, budgets up to {max((r.max_tokens for r in requests), default=0)})")
+                            job.sampling.candidates if job.sampling.use_beam_search else None,
+                            job.sampling.temperature)
+    by_strategy = Counter(r.strategy for r in requests)
+    print(f"retry pass {pass_number}: {cut} outputs cut off by max_tokens, "
+          f"{len(requests) - by_strategy['resample']} can grow ({job.retry.strategy}, budgets up to "
+          f"{max((r.max_tokens for r in requests if r.strategy != 'resample'), default=0)}), "
+          f"{by_strategy['resample']} resampled for {', '.join(job.retry.on)}")
     return requests

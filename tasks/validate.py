@@ -40,7 +40,7 @@ def expectation_table(result: dict[str, Any]) -> list[dict[str, Any]]:
 def validate_task(job: JobSpec, rows: pd.DataFrame, keywords: pd.Series | None, label: str) -> Validated:
     """Run the GX suite; every row gets passed/failed and the expectations it failed."""
     validation = validate_rows(rows, job.expectations, keywords, suite_name=f"{job.name}-outputs",
-                               json_schema=job.sampling.json_schema)
+                               structured=job.sampling.structured)
     out = rows.reset_index(drop=True).copy()  # the verdicts are in the rows' order
     out["passed"] = validation.verdicts["passed"].to_numpy(dtype=bool)
     out["failed"] = validation.verdicts["failed"].to_list()

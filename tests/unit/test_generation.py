@@ -55,12 +55,12 @@ def test_output_rows_keeps_every_field():
          "request_id": "req-7", "prompt": "<prompt p1>", "prompt_token_ids": [1, 2, 3, 4], "n_prompt_tokens": 4,
          "text": "A sturdy mug.", "token_ids": [11, 12, 13], "n_output_tokens": 3, "new_output_tokens": 3,
          "cumulative_logprob": -1.25, "finish_reason": "stop", "stop_reason": None, "max_tokens": 16,
-         "temperature": None, "logprobs": None, "chunk_seconds": 0.75, "chunk_finished_at": None},
+         "temperature": None, "lora": None, "logprobs": None, "prompt_logprobs": None, "chunk_seconds": 0.75, "chunk_finished_at": None},
         {"item_id": "p1", "candidate": 1, "attempt": 1, "strategy": "first", "request_key": "key-1",
          "request_id": "req-7", "prompt": "<prompt p1>", "prompt_token_ids": [1, 2, 3, 4], "n_prompt_tokens": 4,
          "text": "Keeps coffee hot and", "token_ids": [21, 22, 23, 24], "n_output_tokens": 4,
          "new_output_tokens": 4, "cumulative_logprob": -3.5, "finish_reason": "length", "stop_reason": None,
-         "max_tokens": 16, "temperature": None, "logprobs": None, "chunk_seconds": 0.75, "chunk_finished_at": None},
+         "max_tokens": 16, "temperature": None, "lora": None, "logprobs": None, "prompt_logprobs": None, "chunk_seconds": 0.75, "chunk_finished_at": None},
     ]
     assert list(rows[0]) == ATTEMPT_SCHEMA.names  # exactly the columns the store writes
 

@@ -106,7 +106,8 @@ BAD_JOBS = [
                  ["expectations", "min_chars (50)", "max_chars (10)"], id="min-above-max"),
     pytest.param(job_with(expectations={"must_match": ["(unclosed"]}),
                  ["expectations.must_match", "'(unclosed' is not a valid regex"], id="bad-regex"),
-    pytest.param(job_with(sampling={"seed": 1}), ["sampling", "engine.seed"], id="sampling-seed"),
+    pytest.param(job_with(sampling={"bad_words": "cheap"}), ["sampling.bad_words: Expected `array | null`, got `str`"],
+                 id="vllm-type"),
     pytest.param(job_with(prompt={"style": "completion"}), ["prompt", "system message needs style 'chat'"],
                  id="system-with-completion"),
 ]
@@ -243,3 +244,31 @@ def test_parse_overrides_names_a_value_that_is_not_yaml(pair, problem):
     with pytest.raises(JobError) as caught:
         parse_overrides(["sampling.max_tokens=8", pair])
     assert str(caught.value).startswith(f"override {pair!r}: the value is not valid YAML ({problem})")
+
+
+def test_retry_on_defaults_to_cut_off_outputs_and_names_the_jobs_expectations(tmp_path):
+    assert JobSpec.model_validate({**BASE, "output": {"dir": str(tmp_path)}}).retry.on == ["truncated"]
+    job = job_from_dict(job_with(retry={"on": ["truncated", "keyword", "regex", "length"],
+                                        "temperature_step": 0.2}), base_dir=tmp_path)
+    assert job.retry.on == ["truncated", "keyword", "regex", "length"] and job.retry.temperature_step == 0.2
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"retry": {"on": ["keywords"]}}, "retry.on: 'keywords' is not an expectation of this job; it has keyword, "
+                                      "length, must_not_match, truncated"),
+    ({"retry": {"on": ["json_schema"]}}, "'json_schema' is not an expectation of this job"),
+    ({"retry": {"on": ["must_match"]}}, "'must_match' is not an expectation of this job"),  # no must_match regex
+    ({"retry": {"on": []}}, "retry.on: List should have at least 1 item"),
+    ({"retry": {"on": ["keyword"]}, "sampling": {"temperature": 0}}, "resamples at temperature 0"),
+    ({"retry": {"on": ["keyword"]}, "sampling": {"use_beam_search": True, "n": 2}}, "beam search is deterministic"),
+])
+def test_retry_on_that_cannot_work_is_a_job_error(tmp_path, changes, message):
+    with pytest.raises(JobError) as err:
+        job_from_dict(job_with(**changes), base_dir=tmp_path)
+    assert message in str(err.value)
+
+
+def test_resampling_greedy_outputs_works_with_a_temperature_step(tmp_path):
+    job = job_from_dict(job_with(retry={"on": ["keyword"], "temperature_step": 0.3}, sampling={"temperature": 0}),
+                        base_dir=tmp_path)
+    assert job.retry.temperature_step == 0.3

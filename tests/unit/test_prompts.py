@@ -292,3 +292,46 @@ def test_chat_template_refusing_one_conversation_rejects_only_that_row(tokenizer
     assert rejection.reasons == ["template_error"]
     assert rejection.detail == ("row 3: the model's chat template refused the conversation: "
                                 "ValueError: Conversation roles must alternate user/assistant")
+
+
+PLAIN_TEMPLATE = ("{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] }}\n{% endfor %}"
+                  "{% if add_generation_prompt %}[ASSISTANT]{% if terse %} (terse){% endif %}{% endif %}")
+
+
+@pytest.mark.parametrize("from_file", [False, True])
+def test_a_jobs_chat_template_and_its_variables_replace_the_models_own(tokenizer, tmp_path, from_file):
+    from batchgen.job import job_from_dict
+
+    if from_file:
+        (tmp_path / "plain.jinja").write_text(PLAIN_TEMPLATE, encoding="utf-8")
+    job = job_from_dict({
+        "input": {"path": "items.csv"}, "output": {"dir": "out"},
+        "prompt": {"system": "Be brief.", "template": "Describe {{ name }}.",
+                   "chat_template": "plain.jinja" if from_file else PLAIN_TEMPLATE,
+                   "chat_template_kwargs": {"terse": True}},
+    }, base_dir=tmp_path)
+    items = make_items([{"id": "p1", "name": "Aurora Mug", "feature": "hot"}])
+
+    built = build_prompts(items, job.prompt, tokenizer, 2048, COLUMNS)
+
+    prompt = built.prompts["prompt"].iloc[0]
+    assert prompt == "[SYSTEM] Be brief.\n[USER] Describe Aurora Mug.\n[ASSISTANT] (terse)"
+    assert "<|im_start|>" not in prompt  # not the model's template
+    assert built.prompts["prompt_token_ids"].iloc[0] == tokenizer(prompt, add_special_tokens=False).input_ids
+
+
+@pytest.mark.parametrize(("prompt", "message"), [
+    ({"chat_template": "missing.jinja"}, "prompt.chat_template: ", ),
+    ({"chat_template": "{% for m in messages %}"}, "prompt.chat_template: not a valid Jinja template"),
+    ({"chat_template_kwargs": {"tokenize": True}}, "prompt.chat_template_kwargs: tokenize is set by batchgen"),
+    ({"style": "completion", "system": None, "chat_template_kwargs": {"a": 1}},
+     "prompt.chat_template_kwargs: needs style 'chat'"),
+])
+def test_a_chat_template_that_cannot_work_is_a_job_error(tmp_path, prompt, message):
+    from batchgen.job import job_from_dict
+
+    with pytest.raises(JobError) as err:
+        job_from_dict({"input": {"path": "items.csv"}, "output": {"dir": "out"},
+                       "prompt": {"system": "Be brief.", "template": "Describe {{ name }}.", **prompt}},
+                      base_dir=tmp_path)
+    assert message in str(err.value)

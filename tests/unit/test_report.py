@@ -83,7 +83,7 @@ def make_publication(root: Path, spec: ExpectationsSpec | None = None) -> dict:
         "finished_at": (STARTED + timedelta(seconds=30)).isoformat(),
         "counts": {"items": 6, "accepted": len(accepted), "rejected": len(rejected), "generated_items": 5,
                    "truncated_first_pass": 1, "truncated_final": 0, "attempts": len(attempts), "retry_attempts": 1,
-                   "reused": 1, "rejected_by_reason": reasons},
+                   "reused": 1, "rejected_by_reason": reasons, "rescued": 1, "rescued_by_reason": {"truncated": 1}},
         "rates": {"pass_rate": round(len(accepted) / 6, 4), "truncation_first_pass": 0.2, "truncation_final": 0.0},
         "tokens": {"prompt": 300, "output": 50, "generated_this_run": 41, "output_per_second": 3.15},
         "timings_seconds": {"generate": 13.0, "engine_calls": 13.0},
@@ -113,9 +113,10 @@ def test_counts_on_the_page_are_the_manifest_counts(published):
     shown = dict(re.findall(r'data-count="(\w+)">([^<]*)<', page))
     counts, tokens = manifest["counts"], manifest["tokens"]
     expected = {k: counts[k] for k in ("items", "accepted", "rejected", "truncated_first_pass", "truncated_final",
-                                       "retry_attempts", "reused")}
+                                       "retry_attempts", "reused", "rescued")}
     expected |= {"generated_this_run": tokens["generated_this_run"], "output_per_second": tokens["output_per_second"]}
     assert shown == {k: str(v) for k, v in expected.items()}
+    assert dict(re.findall(r'data-rescued="(\w+)">(\d+)<', page)) == {"truncated": "1"}
     assert dict(re.findall(r'data-reason="(\w+)">(\d+)<', page)) == {
         k: str(v) for k, v in counts["rejected_by_reason"].items()}
 

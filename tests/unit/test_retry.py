@@ -138,3 +138,72 @@ def test_continue_without_a_logprob_has_no_prefix_logprob(missing):
 def test_nothing_cut_off_plans_nothing():
     latest = frame(attempt("a", finish_reason="stop"), attempt("b", finish_reason="stop"))
     assert plan_retries(latest, RetrySpec(), max_model_len=2048) == []
+
+
+def failing(item_id: str, failed: list[str], candidate: int = 0, attempt_no: int = 1, finish_reason: str = "stop",
+            **extra: Any) -> dict[str, Any]:
+    return attempt(item_id, candidate, attempt_no, finish_reason, passed=not failed, failed=failed, **extra)
+
+
+def test_by_default_only_cut_off_outputs_are_retried_not_other_failures():
+    latest = frame(failing("no-keyword", ["keyword"]), failing("cut", ["truncated", "keyword"], finish_reason="length"))
+
+    requests = plan_retries(latest, RetrySpec(), max_model_len=2048)
+
+    assert [(r.item_id, r.strategy) for r in requests] == [("cut", "grow")]
+
+
+def test_a_failure_named_in_on_is_resampled_at_its_budget_with_the_temperature_moved():
+    retry = RetrySpec(on=["truncated", "keyword"], temperature_step=0.25, max_temperature=1.0)
+    latest = frame(
+        failing("no-keyword", ["keyword"], max_tokens=40),
+        failing("row-temp", ["keyword"], temperature=0.9),  # the row's own temperature moves, capped at 1.0
+        failing("too-short", ["length"]),  # not in retry.on
+        failing("fine", []),
+    )
+
+    requests = plan_retries(latest, retry, max_model_len=2048, temperature=0.5)
+
+    got = {r.item_id: (r.strategy, r.max_tokens, r.temperature, r.attempt, r.candidate, r.n) for r in requests}
+    assert got == {"no-keyword": ("resample", 40, 0.75, 2, 0, 1), "row-temp": ("resample", 16, 1.0, 2, 0, 1)}
+    assert all(r.prefix_token_ids == [] and r.prefix_text == "" for r in requests)
+
+
+def test_a_resample_without_a_temperature_step_keeps_the_job_temperature():
+    [request] = plan_retries(frame(failing("a", ["must_match"])), RetrySpec(on=["regex"]), max_model_len=2048)
+
+    assert request.strategy == "resample" and request.temperature is None  # None: the job's own
+
+
+def test_an_item_with_a_passing_candidate_is_not_resampled():
+    latest = frame(failing("a", ["keyword"], candidate=0), failing("a", [], candidate=1),
+                   failing("b", ["keyword"], candidate=0), failing("b", ["keyword"], candidate=1))
+
+    requests = plan_retries(latest, RetrySpec(on=["keyword"]), max_model_len=2048)
+
+    assert sorted((r.item_id, r.candidate) for r in requests) == [("b", 0), ("b", 1)]
+
+
+def test_a_cut_off_output_that_cannot_grow_is_resampled_when_its_other_failure_is_in_on():
+    retry = RetrySpec(on=["truncated", "keyword"], max_tokens_cap=16)
+    latest = frame(failing("a", ["truncated", "keyword"], finish_reason="length", max_tokens=16),
+                   failing("b", ["truncated"], finish_reason="length", max_tokens=16))
+
+    requests = plan_retries(latest, retry, max_model_len=2048)
+
+    assert [(r.item_id, r.strategy, r.max_tokens) for r in requests] == [("a", "resample", 16)]
+
+
+def test_rescued_by_reason_counts_the_failures_of_earlier_attempts_of_the_published_candidate():
+    from batchgen.retry import rescued_by_reason
+
+    attempts = frame(
+        failing("a", ["keyword"]), failing("a", [], attempt_no=2),
+        failing("b", ["truncated", "keyword"], finish_reason="length"), failing("b", ["keyword"], attempt_no=2),
+        failing("b", [], attempt_no=3),
+        failing("c", []),
+        failing("d", ["length"], candidate=0), failing("d", [], candidate=1),  # won by another candidate
+    )
+    accepted = pd.DataFrame({"item_id": ["a", "b", "c", "d"], "candidate": [0, 0, 0, 1], "attempt": [2, 3, 1, 1]})
+
+    assert rescued_by_reason(accepted, attempts) == {"keyword": 2, "truncated": 1}

@@ -186,3 +186,64 @@ def test_merged_results_list_a_bounded_number_of_failing_rows():
     assert outcome["result"]["unexpected_count"] == 1500 and outcome["result"]["element_count"] == 1500
     assert len(outcome["result"]["unexpected_list"]) == validate.LISTED_ROWS
     assert len(outcome["result"]["partial_unexpected_list"]) == validate.PARTIAL_ROWS
+
+
+@pytest.mark.parametrize("spec", [
+    ExpectationsSpec(),
+    ExpectationsSpec(min_chars=1, keyword_column="name", must_match=["a", "b"], must_not_match=["c"]),
+    ExpectationsSpec(max_chars=9, require_stop=False),
+])
+@pytest.mark.parametrize("schema", [None, {"type": "object"}])
+def test_the_ids_retry_on_may_name_are_the_suites_own(spec, schema):
+    from expectations.suite import build_suite
+
+    suite_ids = {e.meta["batchgen_id"] for e in build_suite(spec, "s", schema).expectations}
+    assert set(spec.ids("json_schema" if schema else None)) == suite_ids
+
+
+def test_gx_expectations_of_the_job_judge_each_output_under_their_id():
+    spec = ExpectationsSpec(require_stop=False, gx=[
+        {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "text", "regex": "^[A-Z]"},
+         "id": "capitalised"},
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "n_output_tokens", "max_value": 5}},
+    ])
+    rows = pd.DataFrame({"item_id": ["a", "b", "c"], "candidate": 0, "attempt": 1, "finish_reason": "stop",
+                         "text": ["Fine.", "lower case", "Long one"], "n_output_tokens": [2, 3, 9]})
+
+    validation = validate_rows(rows, spec, None, "unit-gx")
+
+    assert validation.verdicts["failed"].tolist() == [
+        [], ["capitalised"], ["expect_column_values_to_be_between"]]
+    assert set(spec.ids()) == {"capitalised", "expect_column_values_to_be_between"}
+    types = [r["expectation_config"]["type"] for r in validation.result["results"]]
+    assert types == ["expect_column_values_to_match_regex", "expect_column_values_to_be_between"]
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"type": "expect_nothing"}, "expectations.gx.0: 'expect_nothing' is not a Great Expectations expectation type"),
+    ({"type": "expect_column_values_to_match_regex", "kwargs": {"column": "text", "regexx": "a"}},
+     "expectations.gx.0: expect_column_values_to_match_regex: kwargs.regexx: not an argument of this expectation"),
+    ({"type": "expect_column_values_to_match_regex", "kwargs": {"column": "txt", "regex": "a"}},
+     "column 'txt' is not an output column; the outputs have text, finish_reason"),
+    ({"type": "expect_column_mean_to_be_between", "kwargs": {"column": "n_output_tokens"}},
+     "judges the whole table, not each output"),
+    ({"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "text"}, "id": "length"},
+     "id 'length' is a built-in expectation's"),
+])
+def test_a_gx_expectation_gx_refuses_is_a_job_error_naming_it(tmp_path, entry, message):
+    from batchgen.job import JobError, job_from_dict
+    from tests.unit.test_job import job_with
+
+    with pytest.raises(JobError) as err:
+        job_from_dict(job_with(expectations={"gx": [entry]}), base_dir=tmp_path)
+    assert message in str(err.value)
+
+
+def test_retry_on_may_name_a_gx_expectation(tmp_path):
+    from batchgen.job import job_from_dict
+    from tests.unit.test_job import job_with
+
+    job = job_from_dict(job_with(expectations={"gx": [{"type": "expect_column_values_to_match_regex", "id": "caps",
+                                                       "kwargs": {"column": "text", "regex": "^[A-Z]"}}]},
+                                 retry={"on": ["truncated", "caps"]}), base_dir=tmp_path)
+    assert job.retry.on == ["truncated", "caps"]
