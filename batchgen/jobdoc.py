@@ -31,8 +31,18 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def job_schema() -> dict[str, Any]:
-    """The job file's JSON Schema (draft 2020-12), as pydantic derives it from JobSpec."""
+    """The job file's JSON Schema (draft 2020-12), as pydantic derives it from JobSpec; `sampling` also names the
+    installed vLLM's other SamplingParams fields (passed through, their types checked when the job loads), and
+    nothing else, so an editor flags a misspelt field as load_job does."""
+    from batchgen.job import MANAGED_PARAMS, vllm_sampling_fields
+
     schema = JobSpec.model_json_schema()
+    sampling = schema["$defs"]["SamplingSpec"]
+    for name in vllm_sampling_fields():
+        if name not in sampling["properties"] and name not in MANAGED_PARAMS:
+            sampling["properties"][name] = {"description": f"vllm.SamplingParams.{name} of the installed vLLM, "
+                                                           "passed through as it is."}
+    sampling["additionalProperties"] = False
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": "batchgen job",
             "description": "A batchgen job file (YAML): what to read, how to prompt, generate, check, retry and "
                            "publish. Reference: docs/job-reference.md."}
