@@ -23,7 +23,9 @@ pytestmark = pytest.mark.engine
 def start_run(tmp_path: Path, job: dict) -> tuple[subprocess.Popen, Path]:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job), encoding="utf-8")
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    # Prefect's task logs on the console (a quiet run keeps them for the UI only): the test reads the retry there.
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"),
+           "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "INFO"}
     log = open(tmp_path / f"run-{time.time_ns()}.log", "w")
     process = subprocess.Popen([sys.executable, "-m", "batchgen.cli", "run", str(path)], cwd=ROOT, env=env,
                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
