@@ -319,13 +319,13 @@ def test_check_shows_the_first_prompts_as_the_model_sees_them(tmp_path):
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     first = report["prompts"][0]
-    assert (first["item_id"], first["row"]) == ("p1", 2)
+    assert (first["item_id"], first["row"]) == ("p1", 1)  # the first data row (row numbers count data rows from 1)
     # after the model's chat template: the system and user turns, and the assistant turn it answers in
     assert first["text"].endswith("<|im_start|>system\nYou sell things.<|im_end|>\n<|im_start|>user\nDescribe Mug."
                                   "<|im_end|>\n<|im_start|>assistant\n")
     assert [p["item_id"] for p in report["prompts"]] == ["p1", "p2", "p3"]
     assert report["prompt_tokens"]["min"] <= first["n_prompt_tokens"] <= report["prompt_tokens"]["max"]
-    assert "--- prompt of row 2 (item p1" in result.stderr and "Describe Mug.<|im_end|>" in result.stderr
+    assert "--- prompt of row 1 (item p1" in result.stderr and "Describe Mug.<|im_end|>" in result.stderr
     quiet = CliRunner().invoke(app, ["check", str(job), "--quiet"])
     assert quiet.exit_code == 0 and "--- prompt" not in quiet.stderr
 
