@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 the run failed, 2 the job is not valid, 3 the input dat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -79,26 +80,41 @@ def _fail(code: int, message: str) -> None:
     raise typer.Exit(code)
 
 
-def _load(job: Path, limit: int | None, sets: list[str] | None):
-    from batchgen.job import JobError, load_job, parse_overrides
+@contextlib.contextmanager
+def _user_errors(run_failed: str | None = None):
+    """A job mistake exits 2, a data mistake 3, each with its message; with `run_failed`, any other failure (the flow
+    run is Failed in Prefect) exits 1, saying so plainly, the text `run_failed` after it."""
+    from batchgen.items import DataError
+    from batchgen.job import JobError
 
     try:
-        pairs = list(sets or []) + ([f"input.limit={limit}"] if limit else [])
-        return load_job(job, overrides=parse_overrides(pairs))
-    except JobError as exc:
-        _fail(EXIT_BAD_JOB, str(exc))
-
-
-def _preflight(spec, model: bool = True):
-    """Every check that needs no engine (batchgen.preflight); a user's mistake ends here with its exit code."""
-    from batchgen.preflight import DataError, JobError, preflight
-
-    try:
-        return preflight(spec, model=model)
+        yield
+    except typer.Exit:
+        raise
     except JobError as exc:
         _fail(EXIT_BAD_JOB, str(exc))
     except DataError as exc:
         _fail(EXIT_BAD_DATA, str(exc))
+    except Exception as exc:
+        if run_failed is None:
+            raise
+        _fail(EXIT_RUN_FAILED, f"the run failed: {type(exc).__name__}: {exc}{run_failed}")
+
+
+def _load(job: Path, limit: int | None, sets: list[str] | None):
+    from batchgen.job import load_job, parse_overrides
+
+    with _user_errors():
+        pairs = list(sets or []) + ([f"input.limit={limit}"] if limit else [])
+        return load_job(job, overrides=parse_overrides(pairs))
+
+
+def _preflight(spec, model: bool = True):
+    """Every check that needs no engine (batchgen.preflight); a user's mistake ends here with its exit code."""
+    from batchgen.preflight import preflight
+
+    with _user_errors():
+        return preflight(spec, model=model)
 
 
 @app.command()
@@ -117,19 +133,11 @@ def run(
     # Before a Prefect server and an engine are started for nothing, and before the flow's
     # retry would repeat a failure that no retry can mend: the same checks as `check`.
     _preflight(spec)
-    from batchgen.items import DataError
-    from batchgen.job import JobError
     from flows.batch_generation import batch_generation
 
-    try:
+    with _user_errors(run_failed=""):
         flow_fn = batch_generation if retries is None else batch_generation.with_options(retries=retries)
         manifest = flow_fn(spec)
-    except JobError as exc:
-        _fail(EXIT_BAD_JOB, str(exc))
-    except DataError as exc:
-        _fail(EXIT_BAD_DATA, str(exc))
-    except Exception as exc:  # the flow run is Failed in Prefect; say so plainly here
-        _fail(EXIT_RUN_FAILED, f"the run failed: {type(exc).__name__}: {exc}")
     counts = manifest["counts"]
     from batchgen.report import REPORT
 
@@ -271,26 +279,16 @@ def run_sharded(
     finished shards are not.
     """
     _quiet_libraries(False)
-    from batchgen.items import DataError
-    from batchgen.job import JobError
     from flows.batch_generation import resolve_job
 
-    try:  # the job as the sharded flow reads it here: its mistakes stop before any shard is started
+    with _user_errors():  # the job as the sharded flow reads it here: its mistakes stop before any shard is started
         spec = resolve_job(job, limit, None, output_dir, list(set_ or []))
-    except JobError as exc:
-        _fail(EXIT_BAD_JOB, str(exc))
     _preflight(spec, model=False)
-    try:
+    with _user_errors(run_failed=""):
         from flows.sharded_batch_generation import sharded_batch_generation
 
         manifest = sharded_batch_generation(job, shards=shards, deployment=deployment, limit=limit,
                                             output_dir=output_dir, overrides=list(set_ or []))
-    except JobError as exc:
-        _fail(EXIT_BAD_JOB, str(exc))
-    except DataError as exc:
-        _fail(EXIT_BAD_DATA, str(exc))
-    except Exception as exc:
-        _fail(EXIT_RUN_FAILED, f"the run failed: {type(exc).__name__}: {exc}")
     typer.echo(json.dumps({"publication": manifest["publication"], "counts": manifest["counts"],
                            "shards": [{k: s[k] for k in ("shard", "flow_run_id")} for s in manifest["shards"]]},
                           indent=2))
@@ -342,34 +340,24 @@ def run_batch(
     """
     _quiet_libraries(verbose)
     from batchgen import openai_batch
-    from batchgen.items import DataError
-    from batchgen.job import JobError
 
     engine = {"model": model, "dtype": dtype, "max_model_len": max_model_len, "seed": seed,
               "tensor_parallel_size": tensor_parallel_size, "gpu_memory_utilization": gpu_memory_utilization,
               "max_num_seqs": max_num_seqs}
-    try:
+    with _user_errors():
         base = openai_batch.base_job(job, engine)
-    except JobError as exc:
-        _fail(EXIT_BAD_JOB, str(exc))
 
     def flow_fn(spec):  # Prefect and the flow are imported once a group runs: a bad file fails fast
         from flows.batch_generation import batch_generation
 
         return (batch_generation if retries is None else batch_generation.with_options(retries=retries))(spec)
 
-    try:
+    with _user_errors(run_failed=" (run the same command again to resume)"):
         summary = openai_batch.run_batch_file(
             input_file, output_file, error_file or openai_batch.default_error_file(output_file),
             output_dir or openai_batch.default_work_dir(output_file), base,
             openai_batch.served_names(base["engine"].get("model"), served_model_name), flow_fn,
             log=lambda line: typer.echo(line, err=True))
-    except JobError as exc:
-        _fail(EXIT_BAD_JOB, str(exc))
-    except DataError as exc:
-        _fail(EXIT_BAD_DATA, str(exc))
-    except Exception as exc:
-        _fail(EXIT_RUN_FAILED, f"the run failed: {type(exc).__name__}: {exc} (run the same command again to resume)")
     typer.echo(json.dumps(summary, indent=2))
 
 
@@ -500,15 +488,12 @@ def init(
     Then `batchgen check JOB` shows what it would do and `batchgen run JOB --limit 20` tries it.
     """
     _quiet_libraries(False)
-    from batchgen.items import DataError
     from batchgen.jobdoc import starter_job
 
     if output.exists() and not force:
         _fail(EXIT_BAD_JOB, f"{output}: exists; choose another file with -o, or replace it with --force")
-    try:
+    with _user_errors():
         text = starter_job(data_file, output)
-    except DataError as exc:
-        _fail(EXIT_BAD_DATA, str(exc))
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text, encoding="utf-8")
     typer.echo(f"batchgen: wrote {output}; next: batchgen check {output}", err=True)
