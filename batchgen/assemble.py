@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from batchgen.items import Rejection
 from batchgen.job import SamplingSpec
+from batchgen.records import ACCEPTED_FIELDS, CHOICE_FIELDS, Rejection, columns_of
 
 
 class LostItemsError(AssertionError):
@@ -27,16 +27,6 @@ class LostItemsError(AssertionError):
 class Assembled:
     accepted: pd.DataFrame
     rejected: pd.DataFrame
-
-
-ACCEPTED_FIELDS = [
-    "item_id", "row_number", "candidate", "attempt", "strategy", "text", "finish_reason", "n_prompt_tokens",
-    "n_output_tokens", "cumulative_logprob", "max_tokens", "request_id", "prompt", "input",
-]
-REJECTED_FIELDS = [
-    "item_id", "row_number", "stage", "reasons", "detail", "candidate", "attempt", "text", "finish_reason",
-    "n_output_tokens", "input",
-]
 
 
 def rank_candidates(candidates: pd.DataFrame, beam: bool = False) -> pd.DataFrame:
@@ -121,7 +111,7 @@ def assemble(
     `final` holds the latest attempt of every (item, candidate) with `passed` and `failed`.
     """
     sampling = sampling or SamplingSpec()
-    fields = list(ACCEPTED_FIELDS) + ["n_candidates", "n_passing", "selection"]
+    fields = [*ACCEPTED_FIELDS, *CHOICE_FIELDS]
     if sampling.overrides.get("temperature"):
         fields.append("temperature")
     if sampling.logprobs is not None:
@@ -133,12 +123,7 @@ def assemble(
     inputs = {row["item_id"]: {c: row[c] for c in columns} for row in items.to_dict(orient="records")}
     numbers = dict(zip(items["item_id"], items["row_number"]))
     accepted: list[dict[str, Any]] = []
-    rejected: list[dict[str, Any]] = [
-        {"item_id": r.item_id, "row_number": r.row_number, "stage": r.stage, "reasons": list(r.reasons),
-         "detail": r.detail, "candidate": None, "attempt": None, "text": None, "finish_reason": None,
-         "n_output_tokens": None, "input": r.input}
-        for r in early_rejections
-    ]
+    rejected: list[Rejection] = list(early_rejections)
     generated = set()
     every = sampling.selection == "all"  # every passing candidate is published; the item's verdict is first_passing's
     chosen_by = "first_passing" if every else sampling.selection
@@ -160,23 +145,19 @@ def assemble(
         else:
             reasons = list(chosen["failed"])
             which = " (highest cumulative_logprob)" if sampling.selection == "max_logprob" and n_candidates > 1 else ""
-            rejected.append({
-                **base, "stage": "validate", "reasons": reasons,
-                "detail": f"candidate {int(chosen['candidate'])}{which} of {n_candidates} failed: "
-                          f"{', '.join(reasons)}",
-                "candidate": chosen["candidate"], "attempt": chosen["attempt"], "text": chosen["text"],
-                "finish_reason": chosen["finish_reason"], "n_output_tokens": chosen["n_output_tokens"],
-            })
+            rejected.append(Rejection(
+                **base, stage="validate", reasons=reasons,
+                detail=f"candidate {int(chosen['candidate'])}{which} of {n_candidates} failed: {', '.join(reasons)}",
+                candidate=chosen["candidate"], attempt=chosen["attempt"], text=chosen["text"],
+                finish_reason=chosen["finish_reason"], n_output_tokens=chosen["n_output_tokens"]))
     early_ids = {r.item_id for r in early_rejections}
     for item_id in items["item_id"]:
         if item_id not in generated and item_id not in early_ids:
-            rejected.append({"item_id": item_id, "row_number": numbers[item_id], "stage": "generate",
-                             "reasons": ["not_generated"], "detail": "the engine returned no output",
-                             "candidate": None, "attempt": None, "text": None, "finish_reason": None,
-                             "n_output_tokens": None, "input": inputs[item_id]})
+            rejected.append(Rejection(item_id, numbers[item_id], "generate", ["not_generated"],
+                                      "the engine returned no output", inputs[item_id]))
     result = Assembled(
         accepted=pd.DataFrame(accepted, columns=fields),
-        rejected=pd.DataFrame(rejected, columns=REJECTED_FIELDS),
+        rejected=pd.DataFrame(columns_of(rejected, Rejection)),
     )
     check_exactly_once(items, early_rejections, result)
     return result

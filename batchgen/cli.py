@@ -138,14 +138,14 @@ def run(
     with _user_errors(run_failed=""):
         flow_fn = batch_generation if retries is None else batch_generation.with_options(retries=retries)
         manifest = flow_fn(spec)
-    counts = manifest["counts"]
+    counts = manifest.counts
     from batchgen.report import REPORT
 
     published = (Path(spec.output.dir) / "current").resolve()
-    typer.echo(json.dumps({"output": str(Path(spec.output.dir) / "current"), "publication": manifest["publication"],
-                           "report": str(published / REPORT), "counts": counts, "rates": manifest["rates"]},
-                          indent=2))
-    typer.echo(f"batchgen: {counts['accepted']} accepted, {counts['rejected']} rejected of {counts['items']} items "
+    typer.echo(json.dumps({"output": str(Path(spec.output.dir) / "current"), "publication": manifest.publication,
+                           "report": str(published / REPORT), "counts": counts.to_json(),
+                           "rates": manifest.rates.to_json()}, indent=2))
+    typer.echo(f"batchgen: {counts.accepted} accepted, {counts.rejected} rejected of {counts.items} items "
                f"in {published}; report: {published / REPORT}", err=True)
 
 
@@ -279,7 +279,7 @@ def run_sharded(
     finished shards are not.
     """
     _quiet_libraries(False)
-    from flows.batch_generation import resolve_job
+    from batchgen.resolve import resolve_job
 
     with _user_errors():  # the job as the sharded flow reads it here: its mistakes stop before any shard is started
         spec = resolve_job(job, limit, None, output_dir, list(set_ or []))
@@ -289,8 +289,8 @@ def run_sharded(
 
         manifest = sharded_batch_generation(job, shards=shards, deployment=deployment, limit=limit,
                                             output_dir=output_dir, overrides=list(set_ or []))
-    typer.echo(json.dumps({"publication": manifest["publication"], "counts": manifest["counts"],
-                           "shards": [{k: s[k] for k in ("shard", "flow_run_id")} for s in manifest["shards"]]},
+    typer.echo(json.dumps({"publication": manifest.publication, "counts": manifest.counts.to_json(),
+                           "shards": [{k: s[k] for k in ("shard", "flow_run_id")} for s in manifest.shards]},
                           indent=2))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import json
 import os
 import threading
 import time
@@ -112,6 +113,16 @@ def engine_args(spec: EngineSpec, model: ModelRef, cpu: bool) -> dict[str, Any]:
     return args
 
 
+def planned_engine_args(spec: EngineSpec) -> dict[str, Any]:
+    """The vllm.LLM arguments this process builds (or built) the job's engine with."""
+    return engine_args(spec, resolve_model(spec.model), on_cpu())
+
+
+def engine_identity(args: dict[str, Any]) -> str:
+    """The engine's part of a request key: its arguments, but where the tokenizer is read from."""
+    return json.dumps({k: v for k, v in args.items() if k != "tokenizer"}, sort_keys=True, default=str)
+
+
 ENGINE_PROCESSES_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
@@ -148,7 +159,7 @@ def get_engine(spec: EngineSpec) -> Engine:
 
         model = resolve_model(spec.model)
         cpu = on_cpu()
-        args = engine_args(spec, model, cpu)
+        args = planned_engine_args(spec)
         in_process = engine_in_process(spec, cpu)
         # vLLM reads this when the engine starts (and caches its settings after the first engine of a process).
         os.environ[ENGINE_PROCESSES_ENV] = "0" if in_process else "1"

@@ -11,33 +11,13 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, NamedTuple, Protocol
 
 import pandas as pd
 
 from batchgen.job import SamplingSpec
-
-
-@dataclass
-class GenRequest:
-    """One engine request. A retry of a cut-off candidate is a request of its own (n=1)."""
-
-    item_id: str
-    prompt: str
-    prompt_token_ids: list[int]
-    max_tokens: int  # the total budget of this attempt, prefix included
-    attempt: int = 1
-    strategy: str = "first"  # first | grow | continue
-    candidate: int | None = None  # None on the first pass: candidates come from n
-    n: int = 1
-    prefix_text: str = ""
-    prefix_token_ids: list[int] = field(default_factory=list)
-    prefix_logprob: float | None = 0.0
-    prefix_logprobs: list[Any] | None = None  # top logprobs of the prefix tokens, when the job asks for them
-    temperature: float | None = None  # the row's own temperature (sampling.overrides), else the job's
-    lora: str | None = None  # the LoRA adapter's name (engine.lora_adapters), None: the base model
+from batchgen.records import Attempt, GenRequest
 
 
 # Job fields that are not SamplingParams arguments: they shape requests or selection instead.
@@ -154,9 +134,9 @@ def first_pass_requests(prompts: pd.DataFrame, sampling: SamplingSpec) -> list[G
 
 def output_rows(request: GenRequest, output: Any, key: str, seconds: float,
                 finished_at: datetime | None = None, keep_logprobs: bool = False,
-                keep_prompt_logprobs: bool = False) -> list[dict[str, Any]]:
-    """Flatten one vLLM RequestOutput into rows, keeping every field the seeds list."""
-    rows = []
+                keep_prompt_logprobs: bool = False) -> list[Attempt]:
+    """One vLLM RequestOutput as attempts, a candidate each, keeping every field the seeds list."""
+    attempts = []
     for completion in output.outputs:
         logprob = completion.cumulative_logprob
         if logprob is not None and request.prefix_logprob is not None:
@@ -164,40 +144,38 @@ def output_rows(request: GenRequest, output: Any, key: str, seconds: float,
         elif request.prefix_token_ids:
             logprob = None
         token_ids = request.prefix_token_ids + list(completion.token_ids)
-        rows.append({
-            "item_id": request.item_id,
-            "candidate": completion.index if request.candidate is None else request.candidate,
-            "attempt": request.attempt,
-            "strategy": request.strategy,
-            "request_key": key,
-            "request_id": str(output.request_id),
-            "prompt": request.prompt,
-            "prompt_token_ids": list(request.prompt_token_ids),
-            "n_prompt_tokens": len(request.prompt_token_ids),
-            "text": request.prefix_text + completion.text,
-            "token_ids": token_ids,
-            "n_output_tokens": len(token_ids),
-            "new_output_tokens": len(completion.token_ids),
-            "cumulative_logprob": logprob,
-            "finish_reason": completion.finish_reason or "unknown",
-            "stop_reason": None if completion.stop_reason is None else str(completion.stop_reason),
-            "max_tokens": request.max_tokens,
-            "temperature": request.temperature,
-            "lora": request.lora,
-            "logprobs": ((request.prefix_logprobs or []) + (top_logprobs(completion.logprobs) or [])
-                         if keep_logprobs else None),
-            "prompt_logprobs": (top_logprobs(getattr(output, "prompt_logprobs", None))
-                                if keep_prompt_logprobs else None),
-            "chunk_seconds": seconds,
-            "chunk_finished_at": finished_at,
-        })
-    return rows
+        attempts.append(_attempt(
+            request, key, str(output.request_id), seconds, finished_at,
+            candidate=completion.index if request.candidate is None else request.candidate,
+            text=request.prefix_text + completion.text, token_ids=token_ids,
+            new_output_tokens=len(completion.token_ids), cumulative_logprob=logprob,
+            finish_reason=completion.finish_reason or "unknown",
+            stop_reason=None if completion.stop_reason is None else str(completion.stop_reason),
+            logprobs=((request.prefix_logprobs or []) + (top_logprobs(completion.logprobs) or [])
+                      if keep_logprobs else None),
+            prompt_logprobs=top_logprobs(getattr(output, "prompt_logprobs", None)) if keep_prompt_logprobs else None))
+    return attempts
+
+
+def _attempt(request: GenRequest, key: str, request_id: str, seconds: float, finished_at: datetime | None, *,
+             candidate: int, text: str, token_ids: list[int], new_output_tokens: int,
+             cumulative_logprob: float | None, finish_reason: str, stop_reason: str | None,
+             logprobs: list | None, prompt_logprobs: list | None) -> Attempt:
+    """An attempt of `request`: what the request says of it, and what the engine returned."""
+    return Attempt(
+        item_id=request.item_id, candidate=candidate, attempt=request.attempt, strategy=request.strategy,
+        request_key=key, request_id=request_id, prompt=request.prompt,
+        prompt_token_ids=list(request.prompt_token_ids), n_prompt_tokens=len(request.prompt_token_ids),
+        text=text, token_ids=token_ids, n_output_tokens=len(token_ids), new_output_tokens=new_output_tokens,
+        cumulative_logprob=cumulative_logprob, finish_reason=finish_reason, stop_reason=stop_reason,
+        max_tokens=request.max_tokens, temperature=request.temperature, lora=request.lora, logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs, chunk_seconds=seconds, chunk_finished_at=finished_at)
 
 
 def beam_rows(request: GenRequest, output: Any, key: str, seconds: float, finished_at: datetime | None,
-              tokenizer: Any, keep_logprobs: int | None) -> list[dict[str, Any]]:
-    """Rows of one beam search: candidate = rank by vLLM's beam score (0 is best)."""
-    rows = []
+              tokenizer: Any, keep_logprobs: int | None) -> list[Attempt]:
+    """Attempts of one beam search: candidate = rank by vLLM's beam score (0 is best)."""
+    attempts = []
     prompt_len = len(request.prompt_token_ids)
     eos = getattr(tokenizer, "eos_token_id", None)
     for rank, beam in enumerate(output.sequences):
@@ -207,20 +185,13 @@ def beam_rows(request: GenRequest, output: Any, key: str, seconds: float, finish
         if keep_logprobs is not None:  # vLLM keeps 2*beam_width per step; publish the k asked for
             steps = top_logprobs(beam.logprobs[len(beam.logprobs) - len(new):]) if new else []
             logprobs = [entries[:max(keep_logprobs, 1)] for entries in steps]
-        rows.append({
-            "item_id": request.item_id, "candidate": rank, "attempt": request.attempt,
-            "strategy": request.strategy, "request_key": key, "request_id": f"beam-{key}",
-            "prompt": request.prompt, "prompt_token_ids": list(request.prompt_token_ids),
-            "n_prompt_tokens": prompt_len,
-            "text": tokenizer.decode(new, skip_special_tokens=True),
-            "token_ids": new, "n_output_tokens": len(new), "new_output_tokens": len(new),
-            "cumulative_logprob": float(beam.cum_logprob),
-            "finish_reason": "stop" if ended or len(new) < request.max_tokens else "length",
-            "stop_reason": None, "max_tokens": request.max_tokens, "temperature": request.temperature,
-            "lora": request.lora,
-            "logprobs": logprobs, "prompt_logprobs": None, "chunk_seconds": seconds, "chunk_finished_at": finished_at,
-        })
-    return rows
+        attempts.append(_attempt(
+            request, key, f"beam-{key}", seconds, finished_at, candidate=rank,
+            text=tokenizer.decode(new, skip_special_tokens=True), token_ids=new, new_output_tokens=len(new),
+            cumulative_logprob=float(beam.cum_logprob),
+            finish_reason="stop" if ended or len(new) < request.max_tokens else "length", stop_reason=None,
+            logprobs=logprobs, prompt_logprobs=None))
+    return attempts
 
 
 def engine_budget(base: dict[str, Any], request: GenRequest) -> dict[str, Any]:
@@ -272,7 +243,7 @@ def engine_requests(pending: list[tuple[str, GenRequest]], base: dict[str, Any])
 
 
 class Ran(NamedTuple):
-    rows: list[dict[str, Any]]  # every request's rows, reused ones included
+    rows: list[Attempt]  # every request's attempts, reused ones included
     reused: int  # requests answered from `done`
     first_added_at: float | None = None  # perf_counter: the first new request entered the engine
     last_output_at: float | None = None  # perf_counter: the last new output came back
@@ -285,8 +256,8 @@ def run_requests(
     model_identity: str,
     commit_every: int,
     commit_seconds: float = 10.0,
-    done: dict[str, list[dict[str, Any]]] | Callable[[set[str]], dict[str, list[dict[str, Any]]]] | None = None,
-    on_commit: Callable[[list[dict[str, Any]], int, int], None] | None = None,
+    done: dict[str, list[Attempt]] | Callable[[set[str]], dict[str, list[Attempt]]] | None = None,
+    on_commit: Callable[[list[Attempt], int, int], None] | None = None,
     adapters: dict[str, str] | None = None,
 ) -> Ran:
     """Generate every request not already in `done` (keyed by request_key); return all rows and the reuse count.
@@ -308,7 +279,7 @@ def run_requests(
     if callable(done):
         done = done({key for key, _ in keyed})
     done = done or {}
-    rows: list[dict[str, Any]] = []
+    rows: list[Attempt] = []
     pending = []
     reused = 0
     for key, request in keyed:
@@ -359,7 +330,7 @@ def run_requests(
 
 
 def beam_search_chunk(llm: Any, chunk: list[tuple[str, GenRequest]], base: dict[str, Any],
-                      keep_logprobs: int | None) -> list[dict[str, Any]]:
+                      keep_logprobs: int | None) -> list[Attempt]:
     """One LLM.beam_search call per (budget, temperature) in the chunk: BeamSearchParams apply to a whole call."""
     from vllm import TokensPrompt
     from vllm.sampling_params import BeamSearchParams

@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchgen.job import InputSpec
+from batchgen.records import Rejection
 from batchgen.sources import FORMATS, SAVED, InputFile, SourceError, resolve
 
 RESERVED_COLUMNS = ("item_id", "row_number")
@@ -44,18 +45,6 @@ RESERVED_COLUMNS = ("item_id", "row_number")
 
 class DataError(ValueError):
     """Input data that cannot be read. The message names the file and, where known, the row and field."""
-
-
-@dataclass
-class Rejection:
-    """One input item that will not be generated, and why."""
-
-    item_id: str
-    row_number: int | None
-    stage: str
-    reasons: list[str]
-    detail: str = ""
-    input: dict[str, Any] | None = None
 
 
 @dataclass

@@ -15,7 +15,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from batchgen.files import replaced
 from batchgen.items import DataError
 
 CHAT, COMPLETION = "/v1/chat/completions", "/v1/completions"
@@ -343,7 +343,7 @@ def read_publication(directory: Path) -> Publication:
     """The one place that reads a publication's tables (the publication layout lives in batchgen.publish)."""
     import pyarrow.parquet as pq
 
-    from batchgen.publish import ATTEMPTS, REJECTED, RESULTS
+    from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, read_manifest
 
     directory = Path(os.path.realpath(directory))
     accepted = pq.read_table(directory / RESULTS, columns=["item_id"]).column("item_id").to_pylist()
@@ -352,8 +352,8 @@ def read_publication(directory: Path) -> Publication:
     attempts = pq.read_table(directory / ATTEMPTS, columns=[
         "item_id", "candidate", "attempt", "request_key", "n_prompt_tokens", "text", "token_ids", "finish_reason",
         "stop_reason", "logprobs"]).to_pandas()
-    manifest = json.loads((directory / "manifest.json").read_text(encoding="utf-8"))
-    created = manifest.get("finished_at") or manifest.get("started_at")
+    manifest = read_manifest(directory)
+    created = manifest.finished_at or manifest.started_at
     stamp = int(datetime.fromisoformat(created).timestamp()) if created else int(datetime.now(timezone.utc).timestamp())
     return Publication(set(accepted), rejected, attempts, stamp)
 
@@ -463,17 +463,9 @@ def write_jsonl_atomic(records: list[dict[str, Any]], path: Path) -> None:
     """Write JSONL lines to a temporary file beside `path`, then rename it over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for record in records:
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replaced(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 def write_results(parsed: ParsedBatch, done: dict[int, dict[str, Any] | LineError], output: Path, errors: Path,

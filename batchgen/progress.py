@@ -11,10 +11,13 @@ is already installed (vLLM and GX use it) and draws a bar that redraws in place,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TextIO
 
 LINE_SECONDS = 30.0  # off a terminal: one line this often (BATCHGEN_PROGRESS_SECONDS changes it)
@@ -205,3 +208,17 @@ def for_run(key: str) -> JobProgress | None:
     """The progress of the run writing to `key` (its output folder); None outside a tracked run."""
     with _RUNS_LOCK:
         return _RUNS.get(key)
+
+
+@contextlib.contextmanager
+def job_progress(job: Any, loaded: Any) -> Iterator[JobProgress]:
+    """One progress for a whole run (items done of every item, across windows and retry passes), found by the
+    run's tasks with `for_run(<output folder>)`."""
+    progress = JobProgress(job.name, len(loaded.items) + len(loaded.rejected), job.sampling.candidates)
+    with tracked(run_key(job), progress):
+        yield progress
+
+
+def run_key(job: Any) -> str:
+    """The key a run's progress is found by: its output folder."""
+    return str(Path(job.output.dir).resolve())

@@ -13,28 +13,19 @@ import json
 import os
 import platform
 import subprocess
-import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from batchgen.files import sha256_of, write_text
 from batchgen.job import JobSpec
 
-BLOCK = 1 << 20
 HASHES = "hashes.json"
 _MEMORY: dict[str, str] = {}
 
 
 def text_sha256(text: str | None) -> str | None:
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _stream_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _hash_cache() -> Path:
@@ -59,7 +50,7 @@ def file_sha256(path: str | Path, cache: bool = True) -> str:
                 return known[key]
         except (OSError, ValueError):
             pass  # an unreadable cache is rebuilt
-    value = _stream_sha256(path)
+    value = sha256_of(path)
     _MEMORY[key] = value
     if store is not None:
         _remember(store, key, value)
@@ -83,10 +74,7 @@ def _remember(store: Path, key: str, value: str) -> None:
             path = key.rsplit(":", 2)[0]
             known = {k: v for k, v in known.items() if k.rsplit(":", 2)[0] != path}
             known[key] = value
-            fd, tmp = tempfile.mkstemp(prefix=".hashes-", dir=store.parent)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(known, handle, indent=0, sort_keys=True)
-            os.replace(tmp, store)
+            write_text(json.dumps(known, indent=0, sort_keys=True), store)
     except OSError:
         pass
 

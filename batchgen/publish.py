@@ -13,24 +13,27 @@ Layout of `output.dir`:
                                      else the run adds before commit (report.html, data_docs/)
     .batchgen/                       the durable result store and the publication history
 
-`stage` writes a new publication directory that no reader looks at yet; anything else
-that belongs to the publication (a report, Data Docs) is added to it next; `commit`
-then points `current` at it with one rename of a symlink, which is atomic. A crash
-before that rename leaves `current` on the previous complete publication; the stale
-directory is removed by the next commit. The last `keep` publications are kept.
+`Publication` is the one writer, for a run and for the shard merge alike: `open` makes a new
+publication directory that no reader looks at yet; `add_window` writes a window's rows into it
+(and sums the window's totals); `seal` joins them into the tables, then writes validation.json,
+the dataset card and the manifest; anything else that belongs to the publication (a report,
+Data Docs) is added to it next; `commit` then points `current` at it with one rename of a
+symlink, which is atomic. A crash before that rename leaves `current` on the previous complete
+publication; the stale directory is removed by the next run. The last `keep` publications are kept.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import shutil
+import threading
+import time
 import uuid
-from datetime import datetime, timezone
 from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +42,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchgen.card import dataset_card
-from batchgen.schema import accepted_schema, attempts_schema, input_codec, input_fields, output_names, \
-    published_input_names, rejected_schema
+from batchgen.files import fsync_dir, replaced, sha256_of, write_text
+from batchgen.records import ATTEMPTS_SCHEMA, Manifest, RunTotals
+from batchgen.schema import accepted_schema, input_fields, output_names, published_input_names, rejected_schema
 from batchgen.store import write_atomic
 
 ACCEPTED_TABLE, REJECTED_TABLE, ATTEMPTS_TABLE = "accepted", "rejected", "attempts"
@@ -61,35 +65,6 @@ ROW_GROUP_ROWS = 8192  # readers (the shard merge, the report, a dataset scan) d
 
 class PublishError(RuntimeError):
     """A publication that cannot be committed or does not verify."""
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(text: str, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def mirror_name(name: str) -> str:
@@ -114,7 +89,7 @@ def new_publication_id(now: datetime | None = None) -> str:
 
 def frame_tables(accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.DataFrame,
                  codec: tuple[pa.DataType, Callable[[Any], Any]], id_column: str | None = None) -> dict[str, pa.Table]:
-    """The published tables from assembled frames, the inputs encoded with `codec` (`input_codec`).
+    """The published tables from assembled frames, the inputs encoded with `codec` (`frame_input_codec`).
 
     Each input column becomes a column of its own (`published_input_names`: an input column named like one of
     batchgen's gets the prefix `input_`); the id column is not repeated, `item_id` holds its value.
@@ -133,43 +108,12 @@ def frame_tables(accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.Da
     return {
         RESULTS: to_table(accepted, accepted_schema(fields, accepted)),
         REJECTED: to_table(rejected, rejected_schema(fields)),
-        ATTEMPTS: to_table(attempts, attempts_schema()),
+        ATTEMPTS: to_table(attempts, ATTEMPTS_SCHEMA),
     }
-
-
-def stage(
-    out_dir: Path,
-    accepted: pd.DataFrame,
-    rejected: pd.DataFrame,
-    attempts: pd.DataFrame,
-    validation: list[dict[str, Any]],
-    manifest: dict[str, Any],
-    jsonl: bool,
-    id_column: str | None = None,
-) -> tuple[dict[str, Any], Path]:
-    """Write a new publication directory (manifest last); readers do not see it until `commit`."""
-    codec = input_codec(list(accepted["input"]) + list(rejected["input"]))
-    tables = frame_tables(accepted, rejected, attempts, codec, id_column)
-    return stage_tables(out_dir, tables, validation, manifest, jsonl)
 
 
 LOCK = ".staging.lock"  # held (flock) by the process writing a staged publication, for as long as it lives
 _HELD: dict[str, int] = {}  # staging directory -> its lock's file descriptor, in this process
-
-
-def open_publication(out_dir: Path) -> Path:
-    """A new, empty publication directory that no reader looks at until `commit`.
-
-    Stagings left by runs that were killed are removed first (`clean_stale`), so an output
-    folder holds at most one staged copy of the data besides its kept publications.
-    """
-    clean_stale(out_dir)
-    staging = Path(out_dir) / PUBLICATIONS / new_publication_id()
-    staging.mkdir(parents=True)
-    fd = os.open(staging / LOCK, os.O_CREAT | os.O_RDWR, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    _HELD[str(staging)] = fd
-    return staging
 
 
 def _release(staging: Path) -> None:
@@ -178,12 +122,6 @@ def _release(staging: Path) -> None:
         os.close(fd)
     with contextlib.suppress(FileNotFoundError):
         (staging / LOCK).unlink()
-
-
-def discard(staging: Path) -> None:
-    """Drop a staged publication that will not be committed (its run failed): the data copy goes at once."""
-    _release(staging)
-    shutil.rmtree(staging, ignore_errors=True)
 
 
 def _abandoned(staging: Path) -> bool:
@@ -222,33 +160,6 @@ def clean_stale(out_dir: Path) -> list[Path]:
     return removed
 
 
-def stage_part(staging: Path, index: int, tables: dict[str, pa.Table]) -> None:
-    """Write one window's piece of each table into the staging directory (`stage_parts` joins them)."""
-    parts = Path(staging) / PARTS
-    parts.mkdir(exist_ok=True)
-    for name, table in tables.items():
-        write_atomic(table, parts / f"{Path(name).stem}-{index:06d}.parquet")
-
-
-def stage_parts(
-    out_dir: Path,
-    staging: Path,
-    names: list[str],
-    validation: list[dict[str, Any]],
-    manifest: dict[str, Any],
-    jsonl: bool,
-) -> tuple[dict[str, Any], Path]:
-    """`stage` for a publication written window by window: each table's parts become one file, a part at a time."""
-    files: dict[str, dict[str, Any]] = {}
-    parts_dir = Path(staging) / PARTS
-    for name in names:
-        parts = sorted(parts_dir.glob(f"{Path(name).stem}-*.parquet"))
-        schema = unified_schema([pq.read_schema(path) for path in parts])
-        files.update(_write_table((pq.read_table(path) for path in parts), schema, Path(staging), name, jsonl))
-    shutil.rmtree(parts_dir, ignore_errors=True)
-    return _seal(Path(staging), files, validation, manifest)
-
-
 def unified_schema(schemas: list[pa.Schema]) -> pa.Schema:
     """One schema for the parts of a table. Windows can infer a column differently (a structured-output field
     that is null in one window, a number in the next): Arrow's permissive promotion first, else text."""
@@ -272,10 +183,8 @@ def _write_table(tables: Iterable[pa.Table], schema: pa.Schema, staging: Path, n
     path.parent.mkdir(parents=True, exist_ok=True)
     if jsonl:
         mirror.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp_mirror = mirror.with_name(f".{mirror.name}.{uuid.uuid4().hex}.tmp")
     rows = 0
-    try:
+    with replaced(path) as tmp, (replaced(mirror) if jsonl else contextlib.nullcontext()) as tmp_mirror:
         with pq.ParquetWriter(tmp, schema) as writer, \
                 (open(tmp_mirror, "w", encoding="utf-8") if jsonl else contextlib.nullcontext()) as lines:
             for table in tables:
@@ -284,73 +193,10 @@ def _write_table(tables: Iterable[pa.Table], schema: pa.Schema, staging: Path, n
                 rows += table.num_rows
                 if lines is not None:
                     lines.write(_jsonl(table))
-            if lines is not None:
-                lines.flush()
-                os.fsync(lines.fileno())
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        if jsonl:
-            os.replace(tmp_mirror, mirror)
-    finally:
-        for leftover in (tmp, tmp_mirror):
-            if leftover.exists():
-                leftover.unlink()
-    files = {name: {"rows": rows, "sha256": _sha256(path)}}
+    files = {name: {"rows": rows, "sha256": sha256_of(path)}}
     if jsonl:
-        files[mirror_name(name)] = {"rows": rows, "sha256": _sha256(mirror)}
+        files[mirror_name(name)] = {"rows": rows, "sha256": sha256_of(mirror)}
     return files
-
-
-def stage_tables(
-    out_dir: Path,
-    tables: dict[str, pa.Table],
-    validation: list[dict[str, Any]],
-    manifest: dict[str, Any],
-    jsonl: bool,
-    staging: Path | None = None,
-) -> tuple[dict[str, Any], Path]:
-    """`stage` for tables that are already Arrow."""
-    streams = {name: (table.schema, [table]) for name, table in tables.items()}
-    return stage_streams(out_dir, streams, validation, manifest, jsonl, staging)
-
-
-def stage_streams(
-    out_dir: Path,
-    streams: dict[str, tuple[pa.Schema, Iterable[pa.Table]]],
-    validation: list[dict[str, Any]],
-    manifest: dict[str, Any],
-    jsonl: bool,
-    staging: Path | None = None,
-) -> tuple[dict[str, Any], Path]:
-    """`stage` for tables that arrive in pieces (e.g. the batches of shard publications merged into one):
-    {file name: (schema, pieces)}, each file written a piece at a time."""
-    opened = staging is None
-    staging = staging if staging is not None else open_publication(out_dir)
-    try:
-        files: dict[str, dict[str, Any]] = {}
-        for name, (schema, pieces) in streams.items():
-            files.update(_write_table(pieces, schema, staging, name, jsonl))
-        return _seal(staging, files, validation, manifest)
-    except BaseException:
-        if opened:  # this call's own staging: nobody else will finish it
-            discard(staging)
-        raise
-
-
-def _seal(staging: Path, files: dict[str, dict[str, Any]], validation: list[dict[str, Any]],
-          manifest: dict[str, Any]) -> tuple[dict[str, Any], Path]:
-    """Write validation.json and the dataset card, then the manifest with every file's rows and SHA-256: last, so its
-    presence means done."""
-    write_text_atomic(json.dumps(validation, ensure_ascii=False, indent=1, default=str), staging / VALIDATION)
-    files = {**files, VALIDATION: {"sha256": _sha256(staging / VALIDATION)}}
-    schemas = {table: pq.read_schema(staging / name) for table, name in TABLE_FILES.items() if name in files}
-    card = dataset_card({**manifest, "publication": staging.name, "files": files}, schemas)
-    write_text_atomic(card, staging / CARD)
-    files[CARD] = {"sha256": _sha256(staging / CARD)}
-    manifest = {**manifest, "publication": staging.name, "files": files}
-    write_text_atomic(json.dumps(manifest, ensure_ascii=False, indent=2, default=str), staging / MANIFEST)
-    return manifest, staging
 
 
 def _history(out_dir: Path) -> list[str]:
@@ -363,54 +209,117 @@ def _history(out_dir: Path) -> list[str]:
         return []
 
 
-def commit(out_dir: Path, staging_dir: Path, keep: int = 3) -> Path:
-    """Point `<out>/current` at the staged publication (one atomic rename), then prune; returns its directory."""
-    out_dir, staging_dir = Path(out_dir), Path(staging_dir)
-    if staging_dir.parent.resolve() != (out_dir / PUBLICATIONS).resolve() or not (staging_dir / MANIFEST).is_file():
-        raise PublishError(f"{staging_dir}: not a staged publication of {out_dir} (no {MANIFEST})")
-    _release(staging_dir)
-    for path in sorted(staging_dir.rglob("*"), reverse=True):  # files added after stage() are durable too
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-    _fsync_dir(staging_dir)
-    _fsync_dir(staging_dir.parent)
-
-    link = out_dir / CURRENT
-    tmp = out_dir / f".{CURRENT}.{uuid.uuid4().hex}.tmp"
-    os.symlink(Path(PUBLICATIONS) / staging_dir.name, tmp)  # relative: the folder can be moved or mounted
-    try:
-        os.replace(tmp, link)
-    finally:
-        if tmp.is_symlink():
-            tmp.unlink()
-    _fsync_dir(out_dir)
-
-    history = [name for name in _history(out_dir) if name != staging_dir.name] + [staging_dir.name]
-    kept = history[-max(keep, 1):]
-    (out_dir / HISTORY).parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(json.dumps(kept, indent=1), out_dir / HISTORY)
-    for path in (out_dir / PUBLICATIONS).iterdir():  # older publications, and stagings a crash left behind
-        if path.name not in kept and path.is_dir() and _abandoned(path):  # never another live run's staging
-            shutil.rmtree(path, ignore_errors=True)
-    return staging_dir
+Streams = dict[str, tuple[pa.Schema, Iterable[pa.Table]]]  # {table file: (its schema, its pieces in order)}
 
 
-def publish(
-    out_dir: Path,
-    accepted: pd.DataFrame,
-    rejected: pd.DataFrame,
-    attempts: pd.DataFrame,
-    validation: list[dict[str, Any]],
-    manifest: dict[str, Any],
-    jsonl: bool,
-    keep: int = 3,
-    id_column: str | None = None,
-) -> dict[str, Any]:
-    """Stage and commit in one step; returns the manifest as written (publication id, file rows and hashes)."""
-    written, staging = stage(out_dir, accepted, rejected, attempts, validation, manifest, jsonl, id_column)
-    commit(out_dir, staging, keep)
-    return written
+class Publication:
+    """One publication being written: open, add windows (or, for a merge, whole tables at seal), seal, commit.
+
+    Use it as a context manager: a publication that was not committed when the block ends (the run failed) is
+    discarded at once, so its copy of the data does not wait for a later run's clean-up. Windows may be added
+    from several threads; their totals (`RunTotals`) are summed here."""
+
+    def __init__(self, out_dir: Path, staging: Path, jsonl: bool = True, keep: int = 3, id_column: str | None = None):
+        self.out_dir, self.staging, self.jsonl, self.keep = Path(out_dir), Path(staging), jsonl, keep
+        self.id_column = id_column  # the input's id column: published as item_id, not again
+        self.totals = RunTotals()
+        self.opened = time.perf_counter()
+        self.windows_done: float | None = None  # when the last window was added, before sealing
+        self.manifest: Manifest | None = None
+        self.committed = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, out_dir: Path, **options: Any) -> Publication:
+        """A new, empty publication directory that no reader looks at until `commit`.
+
+        Stagings left by runs that were killed are removed first (`clean_stale`), so an output folder holds at
+        most one staged copy of the data besides its kept publications."""
+        clean_stale(out_dir)
+        staging = Path(out_dir) / PUBLICATIONS / new_publication_id()
+        staging.mkdir(parents=True)
+        fd = os.open(staging / LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _HELD[str(staging)] = fd
+        return cls(Path(out_dir), staging, **options)
+
+    def __enter__(self) -> Publication:
+        return self
+
+    def __exit__(self, kind: Any, *_: Any) -> None:
+        if not self.committed:
+            self.discard()
+
+    def add_window(self, index: int, accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.DataFrame,
+                   inputs: tuple[pa.DataType, Callable[[Any], Any]], totals: RunTotals) -> None:
+        """Write one window's rows (assembled frames; their inputs encoded with `inputs`, the same for every window:
+        schema.frame_input_codec) as its piece of each table, and add its totals to the run's."""
+        tables = frame_tables(accepted, rejected, attempts, inputs, self.id_column)
+        parts = self.staging / PARTS
+        parts.mkdir(exist_ok=True)
+        for name, table in tables.items():
+            write_atomic(table, parts / f"{Path(name).stem}-{index:06d}.parquet")
+        with self._lock:
+            self.totals = self.totals + totals
+            self.windows_done = time.perf_counter()
+
+    def _parts(self) -> Streams:
+        streams = {}
+        for name in TABLE_FILES.values():
+            paths = sorted((self.staging / PARTS).glob(f"{Path(name).stem}-*.parquet"))
+            streams[name] = (unified_schema([pq.read_schema(path) for path in paths]),
+                             (pq.read_table(path) for path in paths))
+        return streams
+
+    def seal(self, manifest: Manifest, validation: list[dict[str, Any]], tables: Streams | None = None) -> Manifest:
+        """Write the tables (the windows' parts joined a part at a time, or `tables`), validation.json and the
+        dataset card, then the manifest with every file's rows and SHA-256: last, so its presence means done.
+        Returns the manifest as written."""
+        files: dict[str, dict[str, Any]] = {}
+        for name, (schema, pieces) in (tables if tables is not None else self._parts()).items():
+            files.update(_write_table(pieces, schema, self.staging, name, self.jsonl))
+        shutil.rmtree(self.staging / PARTS, ignore_errors=True)
+        write_text(json.dumps(validation, ensure_ascii=False, indent=1, default=str), self.staging / VALIDATION)
+        files[VALIDATION] = {"sha256": sha256_of(self.staging / VALIDATION)}
+        manifest = Manifest.model_validate({**manifest.to_json(), "publication": self.staging.name, "files": files})
+        schemas = {table: pq.read_schema(self.staging / name) for table, name in TABLE_FILES.items() if name in files}
+        write_text(dataset_card(manifest, schemas), self.staging / CARD)
+        files[CARD] = {"sha256": sha256_of(self.staging / CARD)}
+        self.manifest = Manifest.model_validate({**manifest.to_json(), "files": files})
+        write_text(json.dumps(self.manifest.to_json(), ensure_ascii=False, indent=2, default=str),
+                   self.staging / MANIFEST)
+        return self.manifest
+
+    def commit(self) -> Path:
+        """Point `<out>/current` at the sealed publication (one atomic rename), then prune; returns its directory."""
+        out_dir, staging = self.out_dir, self.staging
+        if staging.parent.resolve() != (out_dir / PUBLICATIONS).resolve() or not (staging / MANIFEST).is_file():
+            raise PublishError(f"{staging}: not a sealed publication of {out_dir} (no {MANIFEST})")
+        _release(staging)
+        for path in sorted(staging.rglob("*"), reverse=True):  # files added after seal() are durable too
+            if path.is_file():
+                with open(path, "rb") as handle:
+                    os.fsync(handle.fileno())
+        fsync_dir(staging)
+        fsync_dir(staging.parent)
+        with replaced(out_dir / CURRENT) as tmp:
+            os.symlink(Path(PUBLICATIONS) / staging.name, tmp)  # relative: the folder can be moved or mounted
+        self.committed = True  # readers see it now: never discarded from here on
+        fsync_dir(out_dir)
+
+        history = [name for name in _history(out_dir) if name != staging.name] + [staging.name]
+        kept = history[-max(self.keep, 1):]
+        (out_dir / HISTORY).parent.mkdir(parents=True, exist_ok=True)
+        write_text(json.dumps(kept, indent=1), out_dir / HISTORY)
+        for path in (out_dir / PUBLICATIONS).iterdir():  # older publications, and stagings a crash left behind
+            if path.name not in kept and path.is_dir() and _abandoned(path):  # never another live run's staging
+                shutil.rmtree(path, ignore_errors=True)
+        return staging
+
+    def discard(self) -> None:
+        """Drop a publication that will not be committed (its run failed): the data copy goes at once."""
+        _release(self.staging)
+        shutil.rmtree(self.staging, ignore_errors=True)
 
 
 def current_publication(out_dir: Path) -> Path:
@@ -421,17 +330,22 @@ def current_publication(out_dir: Path) -> Path:
     return link.resolve()
 
 
-def verify_publication(directory: Path) -> dict[str, Any]:
-    """Check every file the manifest lists against its SHA-256; returns the manifest or raises PublishError."""
-    directory = Path(directory)
+def read_manifest(directory: Path) -> Manifest:
+    """A publication's manifest.json (PublishError if it cannot be read)."""
     try:
-        manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+        return Manifest.model_validate_json((Path(directory) / MANIFEST).read_bytes())
     except (OSError, ValueError) as exc:
         raise PublishError(f"{directory}: no readable {MANIFEST}: {exc}") from None
-    for name, entry in manifest.get("files", {}).items():
+
+
+def verify_publication(directory: Path) -> Manifest:
+    """Check every file the manifest lists against its SHA-256; returns the manifest or raises PublishError."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    for name, entry in manifest.files.items():
         path = directory / name
         if not path.is_file():
             raise PublishError(f"{directory}: {name} is listed in the manifest but missing")
-        if _sha256(path) != entry["sha256"]:
+        if sha256_of(path) != entry.sha256:
             raise PublishError(f"{directory}: {name} does not match its SHA-256 in the manifest")
     return manifest

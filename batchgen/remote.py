@@ -126,7 +126,7 @@ def upload_publication(local_dir: Path, url: str, keep: int | None = None) -> di
     """
     local_dir = Path(local_dir)
     manifest = verify_publication(local_dir)
-    publication = manifest.get("publication") or local_dir.name
+    publication = manifest.publication or local_dir.name
     shown = _masked(url)
     filesystem, root = open_url(url)
     _check_root(filesystem, root, shown)
@@ -140,7 +140,7 @@ def upload_publication(local_dir: Path, url: str, keep: int | None = None) -> di
         "publication": publication,
         "path": f"{PUBLICATIONS}/{publication}",
         "manifest_sha256": _sha256((local_dir / MANIFEST).read_bytes()),
-        "counts": manifest.get("counts", {}),
+        "counts": manifest.counts.to_json(),
         "uploaded_at": datetime.now(timezone.utc).isoformat(),
     }
     try:

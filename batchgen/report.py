@@ -29,7 +29,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchgen.offline_docs import Page, make_offline
-from batchgen.publish import ATTEMPTS, MANIFEST, REJECTED, RESULTS, VALIDATION, write_text_atomic
+from batchgen.files import write_text as write_text_atomic
+from batchgen.publish import ATTEMPTS, MANIFEST, REJECTED, RESULTS, VALIDATION
 
 REPORT = "report.html"
 DATA_DOCS = "data_docs"

@@ -17,7 +17,7 @@ import math
 
 import pandas as pd
 
-from batchgen.generation import GenRequest
+from batchgen.records import GenRequest
 from batchgen.job import RETRY_ALIASES, RetrySpec
 
 

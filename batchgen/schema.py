@@ -1,4 +1,5 @@
-"""Explicit Arrow schemas of everything batchgen writes."""
+"""The published tables' Arrow schemas: the records' columns (batchgen.records) with the input's own columns
+flat, and how an input row is encoded for them."""
 
 from __future__ import annotations
 
@@ -8,63 +9,16 @@ from typing import Any
 
 import pyarrow as pa
 
-# The top-k logprobs of each generated token (sampling.logprobs), best first.
-LOGPROBS_TYPE = pa.list_(pa.list_(pa.struct([
-    ("token_id", pa.int32()), ("token", pa.string()), ("logprob", pa.float64()), ("rank", pa.int32()),
-])))
-
-ATTEMPT_SCHEMA = pa.schema([
-    ("item_id", pa.string()),
-    ("candidate", pa.int32()),
-    ("attempt", pa.int32()),
-    ("strategy", pa.string()),
-    ("request_key", pa.string()),
-    ("request_id", pa.string()),
-    ("prompt", pa.string()),
-    ("prompt_token_ids", pa.list_(pa.int32())),
-    ("n_prompt_tokens", pa.int32()),
-    ("text", pa.string()),
-    ("token_ids", pa.list_(pa.int32())),
-    ("n_output_tokens", pa.int32()),
-    ("new_output_tokens", pa.int32()),
-    ("cumulative_logprob", pa.float64()),
-    ("finish_reason", pa.string()),
-    ("stop_reason", pa.string()),
-    ("max_tokens", pa.int32()),
-    ("temperature", pa.float64()),  # the row's own temperature (sampling.overrides); null: the job's
-    ("lora", pa.string()),  # the LoRA adapter's name (engine.lora_adapters); null: the base model
-    ("logprobs", LOGPROBS_TYPE),  # null unless sampling.logprobs is set
-    ("prompt_logprobs", LOGPROBS_TYPE),  # null unless sampling.prompt_logprobs is set; the first position is empty
-    ("chunk_seconds", pa.float64()),
-    ("chunk_finished_at", pa.timestamp("us", tz="UTC")),  # wall clock: throughput over the run
-])
-
-VERDICT_FIELDS = [("passed", pa.bool_()), ("failed", pa.list_(pa.string()))]
-
-
-def input_type(inputs: list[dict[str, Any] | None]) -> pa.DataType:
-    """The struct type of the input columns, as Arrow infers it from the rows (JSON text if there are none)."""
-    return input_codec(inputs)[0]
-
-
-def input_codec(inputs: list[dict[str, Any] | None]) -> tuple[pa.DataType, Callable[[Any], Any]]:
-    """The struct type of the input columns, and how to encode one row's input for it.
-
-    A column whose values Arrow cannot give one type (JSONL rows holding a number in one
-    row and text in the next, say) is kept as JSON text, so publishing never fails on a
-    column the prompt may not even use.
-    """
-    present = [row for row in inputs if row]
-    names: list[str] = []
-    for row in present:
-        names.extend(name for name in row if name not in names)
-    return _codec(names, lambda name: [row.get(name) for row in present])
+from batchgen.records import ACCEPTED_BASE_SCHEMA, OPTIONAL_RESULT_SCHEMA, REJECTED_SCHEMA
 
 
 def frame_input_codec(items: Any, columns: list[str], more: list[dict[str, Any] | None]) -> tuple[
         pa.DataType, Callable[[Any], Any]]:
-    """`input_codec` of the inputs of an items table (`columns` of every row) and a few more rows (rejections),
-    read column by column instead of as one dict per row."""
+    """The struct type of the input columns of an items table (`columns` of every row) and of a few more rows
+    (rejections: dicts), read column by column, and how to encode one row's input for it.
+
+    A column whose values Arrow cannot give one type (JSONL rows holding a number in one row and text in the
+    next, say) is kept as JSON text, so publishing never fails on a column the prompt may not even use."""
     present = [row for row in more if row]
     names: list[str] = list(columns) if len(items) else []
     for row in present:
@@ -109,10 +63,7 @@ def _has_empty_struct(kind: pa.DataType) -> bool:
 
 
 # Result columns a job may add: candidates and selection with n > 1, logprobs when asked.
-OPTIONAL_RESULT_FIELDS = {
-    "n_candidates": pa.int32(), "n_passing": pa.int32(), "selection": pa.string(), "temperature": pa.float64(),
-    "logprobs": LOGPROBS_TYPE, "lora": pa.string(),
-}
+OPTIONAL_RESULT_FIELDS = {f.name: f.type for f in OPTIONAL_RESULT_SCHEMA}
 
 
 INPUT_PREFIX = "input_"  # an input column named like an output column is published as input_<name>
@@ -122,7 +73,7 @@ INPUT_COLUMN_KEY = b"batchgen.input_column"  # field metadata of a published inp
 def output_names(extra: Any = ()) -> set[str]:
     """Every column name batchgen itself publishes in the accepted and rejected tables (plus `extra`, e.g. the
     structured-output fields of a job): the names an input column may not keep."""
-    base = {name for name in _accepted_base([]).names} | set(rejected_schema([]).names)
+    base = set(ACCEPTED_BASE_SCHEMA.names) | set(REJECTED_SCHEMA.names)
     return base | set(OPTIONAL_RESULT_FIELDS) | set(extra)
 
 
@@ -163,7 +114,7 @@ def accepted_schema(inputs: Any, frame: Any = None) -> pa.Schema:
     Structured-output fields hold scalars (objects and arrays as JSON text), so Arrow's type of their values is
     the column type.
     """
-    schema = _accepted_base(input_fields(inputs))
+    schema = pa.schema([*ACCEPTED_BASE_SCHEMA, *input_fields(inputs)])
     if frame is not None:
         for name in frame.columns:
             if name in schema.names or name == "input":
@@ -184,44 +135,6 @@ def _missing(value: Any) -> bool:
         return False
 
 
-def _accepted_base(inputs: list[pa.Field]) -> pa.Schema:
-    return pa.schema([
-        ("item_id", pa.string()),
-        ("row_number", pa.int64()),
-        ("candidate", pa.int32()),
-        ("attempt", pa.int32()),
-        ("strategy", pa.string()),
-        ("text", pa.string()),
-        ("finish_reason", pa.string()),
-        ("n_prompt_tokens", pa.int32()),
-        ("n_output_tokens", pa.int32()),
-        ("cumulative_logprob", pa.float64()),
-        ("max_tokens", pa.int32()),
-        ("request_id", pa.string()),
-        ("prompt", pa.string()),
-        *inputs,
-    ])
-
-
 def rejected_schema(inputs: Any) -> pa.Schema:
     """The rejected table: batchgen's columns, then the input's own columns flat (as in `accepted_schema`)."""
-    return pa.schema([
-        ("item_id", pa.string()),
-        ("row_number", pa.int64()),
-        ("stage", pa.string()),
-        ("reasons", pa.list_(pa.string())),
-        ("detail", pa.string()),
-        ("candidate", pa.int32()),
-        ("attempt", pa.int32()),
-        ("text", pa.string()),
-        ("finish_reason", pa.string()),
-        ("n_output_tokens", pa.int32()),
-        *input_fields(inputs),
-    ])
-
-
-def attempts_schema() -> pa.Schema:
-    schema = ATTEMPT_SCHEMA
-    for name, kind in VERDICT_FIELDS:
-        schema = schema.append(pa.field(name, kind))
-    return schema
+    return pa.schema([*REJECTED_SCHEMA, *input_fields(inputs)])

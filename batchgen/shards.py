@@ -20,7 +20,6 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timezone
-from functools import reduce
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +28,11 @@ import pyarrow.parquet as pq
 
 from batchgen.assemble import LostItemsError
 from batchgen.items import LoadedItems
-from batchgen.manifest import add_tallies
-from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, ROW_GROUP_ROWS, VALIDATION, current_publication, \
-    stage_streams, unified_schema, verify_publication
+from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, ROW_GROUP_ROWS, VALIDATION, Publication, \
+    current_publication, unified_schema, verify_publication
+from batchgen.records import Manifest, Tally, Tokens
 
 SHARDS = "shards"
-SUMMED = ("items", "accepted", "rejected", "generated_items", "truncated_first_pass", "truncated_final", "attempts",
-          "retry_attempts", "reused", "rescued")
 TABLES = (RESULTS, REJECTED, ATTEMPTS)
 BATCH_ROWS = ROW_GROUP_ROWS  # rows per piece copied from a shard's table: a row group of a publication
 
@@ -67,7 +64,7 @@ def shard_url(url: str, index: int, count: int) -> str:
     return f"{url.rstrip('/')}/{SHARDS}/{index + 1}-of-{count}"
 
 
-def _read_shard(source: Path | str, spill: Path | None) -> tuple[dict[str, Any], dict[str, Path], list[dict[str, Any]]]:
+def _read_shard(source: Path | str, spill: Path | None) -> tuple[Manifest, dict[str, Path], list[dict[str, Any]]]:
     """A shard's current publication, verified: its manifest, the paths of its tables, its validation results.
 
     A remote shard (`spill` given; `<url>/current.json` and the files it points at, batchgen.remote) is
@@ -81,7 +78,8 @@ def _read_shard(source: Path | str, spill: Path | None) -> tuple[dict[str, Any],
         for name in TABLES:
             (spill / name).parent.mkdir(parents=True, exist_ok=True)
             (spill / name).write_bytes(files[name])
-        return manifest, {name: spill / name for name in TABLES}, json.loads(files[VALIDATION])
+        return (Manifest.model_validate(manifest), {name: spill / name for name in TABLES},
+                json.loads(files[VALIDATION]))
     publication = current_publication(Path(source))
     manifest = verify_publication(publication)
     return (manifest, {name: publication / name for name in TABLES},
@@ -95,20 +93,10 @@ def _pieces(paths: list[Path]) -> Iterator[pa.Table]:
             yield pa.Table.from_batches([batch])
 
 
-def _merged_counts(manifests: list[dict[str, Any]]) -> dict[str, Any]:
-    """The shards' counts summed (`add_tallies`); a count a shard's manifest lacks counts 0."""
-    counts = reduce(add_tallies, ({**{key: m["counts"].get(key, 0) for key in SUMMED},
-                                   "rejected_by_reason": m["counts"].get("rejected_by_reason", {}),
-                                   "rescued_by_reason": m["counts"].get("rescued_by_reason", {})}
-                                  for m in manifests), None)
-    counts["rejected_by_reason"] = dict(sorted(counts["rejected_by_reason"].items()))
-    counts["rescued_by_reason"] = dict(sorted(counts["rescued_by_reason"].items()))
-    return counts
-
-
-def merge_shards(out_dir: str | Path, shard_dirs: list[Path], ids: list[str], manifest: dict[str, Any],
-                 jsonl: bool, shard_urls: list[str] | None = None) -> tuple[dict[str, Any], Path]:
-    """Stage one publication from the shards' current publications; raises LostItemsError unless exactly once.
+def merge_shards(publication: Publication, shard_dirs: list[Path], ids: list[str], identity: dict[str, Any],
+                 shard_urls: list[str] | None = None) -> Manifest:
+    """Seal one publication from the shards' current publications; raises LostItemsError unless every id is there
+    exactly once. `identity`: the merging run's own manifest fields (job, flow run, start).
 
     With `shard_urls` the shards are read from there (each `<url>/current.json`) instead of `shard_dirs`.
     """
@@ -117,11 +105,11 @@ def merge_shards(out_dir: str | Path, shard_dirs: list[Path], ids: list[str], ma
             sources = [_read_shard(url, Path(spill) / str(i)) for i, url in enumerate(shard_urls)]
         else:
             sources = [_read_shard(d, None) for d in shard_dirs]
-        return _merge(Path(out_dir), sources, ids, manifest, jsonl)
+        return _merge(publication, sources, ids, identity)
 
 
-def _merge(out_dir: Path, sources: list[tuple[dict[str, Any], dict[str, Path], list[dict[str, Any]]]],
-           ids: list[str], manifest: dict[str, Any], jsonl: bool) -> tuple[dict[str, Any], Path]:
+def _merge(publication: Publication, sources: list[tuple[Manifest, dict[str, Path], list[dict[str, Any]]]],
+           ids: list[str], identity: dict[str, Any]) -> Manifest:
     manifests = [source[0] for source in sources]
     # An item with several results rows (selection `all`: one per published candidate) counts once.
     published = Counter(item_id for _, paths, _ in sources for name in (RESULTS, REJECTED)
@@ -138,33 +126,28 @@ def _merge(out_dir: Path, sources: list[tuple[dict[str, Any], dict[str, Path], l
         for result in results:
             meta = {**(result.get("meta") or {}), "batchgen_shard": f"{index + 1}-of-{len(sources)}"}
             validation.append({**result, "meta": meta})
-    first = manifests[0]
-    counts = _merged_counts(manifests)
-    generated = counts["generated_items"]
-    tokens = {key: sum((m["tokens"].get(key) or 0) for m in manifests) for key in ("prompt", "output",
-                                                                                     "generated_this_run")}
-    engine_seconds = sum(m["timings_seconds"].get("engine_calls", 0.0) for m in manifests)
-    tokens["output_per_second"] = round(tokens["generated_this_run"] / engine_seconds, 2) if engine_seconds else None
-    merged = {
+    tally = sum((Tally(**m.counts.model_dump(), prompt_tokens=m.tokens.prompt, output_tokens=m.tokens.output)
+                 for m in manifests), Tally())
+    generated = sum(m.tokens.generated_this_run for m in manifests)
+    engine_seconds = sum(m.timings_seconds.get("engine_calls", 0.0) for m in manifests)
+    first = manifests[0].to_json()
+    merged = Manifest.model_validate({
         **{k: v for k, v in first.items() if k not in ("publication", "files", "flow_run_id", "flow_name")},
-        **manifest,
+        **identity,
         "finished_at": datetime.now(timezone.utc).isoformat(),
-        "counts": counts,
-        "rates": {
-            "pass_rate": round(counts["accepted"] / counts["items"], 4) if counts["items"] else None,
-            "truncation_first_pass": round(counts["truncated_first_pass"] / generated, 4) if generated else None,
-            "truncation_final": round(counts["truncated_final"] / generated, 4) if generated else None,
-        },
-        "tokens": tokens,
+        "counts": tally.counts().to_json(),
+        "rates": tally.rates().to_json(),
+        "tokens": Tokens(prompt=tally.prompt_tokens, output=tally.output_tokens, generated_this_run=generated,
+                         output_per_second=round(generated / engine_seconds, 2) if engine_seconds else None).to_json(),
         "timings_seconds": {"engine_calls": round(engine_seconds, 3)},
         "shards": [
-            {"shard": f"{i + 1}-of-{len(sources)}", "flow_run_id": m.get("flow_run_id"),
-             "publication": m.get("publication"), "counts": m["counts"]}
+            {"shard": f"{i + 1}-of-{len(sources)}", "flow_run_id": m.flow_run_id, "publication": m.publication,
+             "counts": m.counts.to_json()}
             for i, m in enumerate(manifests)
         ],
-    }
+    })
     streams = {}
     for name in TABLES:
         parts = [paths[name] for _, paths, _ in sources]
         streams[name] = (unified_schema([pq.read_schema(path) for path in parts]), _pieces(parts))
-    return stage_streams(out_dir, streams, validation, merged, jsonl)
+    return publication.seal(merged, validation, tables=streams)

@@ -8,32 +8,24 @@ files back and skips every request whose key is already there.
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from batchgen.schema import ATTEMPT_SCHEMA
+from batchgen.files import replaced
+from batchgen.records import ATTEMPT_SCHEMA, Attempt, columns_of
 
 log = logging.getLogger("batchgen.store")
 
 
 def write_atomic(table: pa.Table, path: Path) -> None:
     """Write a Parquet file so that readers see the old file or the whole new one, never a part."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
+    with replaced(path) as tmp:
         pq.write_table(table, tmp)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 class ResultStore:
@@ -42,13 +34,13 @@ class ResultStore:
     def __init__(self, root: Path):
         self.root = Path(root)
 
-    def load(self, keys: set[str] | None = None) -> dict[str, list[dict[str, Any]]]:
-        """Committed rows grouped by request key: all of them, or only those of `keys`.
+    def load(self, keys: set[str] | None = None) -> dict[str, list[Attempt]]:
+        """Committed attempts grouped by request key: all of them, or only those of `keys`.
 
         With `keys`, each file's key column is read first and only matching rows are
         materialized, so a window of a large run holds its own results, not the run's.
         """
-        done: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        done: dict[str, list[Attempt]] = defaultdict(list)
         if not self.root.is_dir() or (keys is not None and not keys):
             return done
         wanted = None if keys is None else pa.array(sorted(keys), pa.string())
@@ -65,15 +57,15 @@ class ResultStore:
                 log.warning("ignoring unreadable commit %s: %s", path.name, exc)
                 continue
             for row in table.to_pylist():
-                done[row["request_key"]].append(row)
+                done[row["request_key"]].append(Attempt(**row))
         return done
 
     def has_commits(self) -> bool:
         return self.root.is_dir() and next(self.root.glob("chunk-*.parquet"), None) is not None
 
-    def commit(self, rows: list[dict[str, Any]]) -> None:
-        if not rows:
+    def commit(self, attempts: list[Attempt]) -> None:
+        if not attempts:
             return
         self.root.mkdir(parents=True, exist_ok=True)
-        table = pa.Table.from_pylist(rows, schema=ATTEMPT_SCHEMA)
+        table = pa.Table.from_pydict(columns_of(attempts, Attempt), schema=ATTEMPT_SCHEMA)
         write_atomic(table, self.root / f"chunk-{uuid.uuid4().hex}.parquet")

@@ -30,7 +30,8 @@ def sampling_problem(sampling: SamplingSpec, model_config: Any = None, tokenizer
                      max_tokens: int | None = None, temperature: float | None = None) -> tuple[str, str] | None:
     """(field, vLLM's message) when the installed vLLM refuses the job's sampling values (with a row's own
     max_tokens / temperature), or None. The parameters are built as generation builds them."""
-    from batchgen.generation import GenRequest, engine_budget, sampling_kwargs, sampling_params
+    from batchgen.generation import engine_budget, sampling_kwargs, sampling_params
+    from batchgen.records import GenRequest
 
     base = sampling_kwargs(sampling)
     request = GenRequest(item_id="", prompt="", prompt_token_ids=[], n=sampling.candidates,

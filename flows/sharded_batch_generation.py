@@ -28,8 +28,9 @@ import yaml
 from batchgen.items import load_items
 from batchgen.job import JobSpec
 from batchgen.shards import expected_ids, merge_shards, shard_dir, shard_url
-from flows.batch_generation import override_pairs, resolve_job
-from tasks.publish import finish_publication
+from batchgen.records import Manifest
+from batchgen.resolve import override_pairs, resolve_job
+from tasks.publish import finish_publication, open_publication
 from tasks.zombies import ensure_crash_detection
 
 DEFAULT_DEPLOYMENT = "batch-generation/product-descriptions"
@@ -57,15 +58,15 @@ def run_shard_task(deployment: str, parameters: dict[str, Any], label: str) -> s
 
 @task(name="merge-shards", cache_policy=None)
 def merge_task(job: JobSpec, shard_dirs: list[Path], ids: list[str], started_at: datetime,
-               shard_urls: list[str] | None = None) -> dict[str, Any]:
+               shard_urls: list[str] | None = None) -> Manifest:
     """Publish the shards' outputs as one dataset with one manifest (checked: every item exactly once)."""
-    out_dir = Path(job.output.dir)
     identity = {"job": job.name, "job_fingerprint": job.fingerprint(), "flow_name": flow_run.get_flow_name(),
                 "flow_run_id": flow_run.get_id(), "started_at": started_at.isoformat(),
                 "input": job.input.model_dump(mode="json")}
-    written, staging = merge_shards(out_dir, shard_dirs, ids, identity, job.output.jsonl, shard_urls)
-    finish_publication(job, written, staging, "sharded-summary",
-                       f"{job.name}: merged run summary ({len(shard_dirs)} shards)", "merge")
+    with open_publication(job) as publication:
+        written = merge_shards(publication, shard_dirs, ids, identity, shard_urls)
+        finish_publication(job, publication, "sharded-summary",
+                           f"{job.name}: merged run summary ({len(shard_dirs)} shards)", "merge")
     return written
 
 
@@ -86,7 +87,7 @@ def sharded_batch_generation(
     max_tokens: Annotated[int | None, Field(ge=1)] = None,
     output_dir: str | None = None,
     overrides: list[str] | None = None,
-) -> dict[str, Any]:
+) -> Manifest:
     """Run a job as N shards on a work pool's workers and publish one merged dataset; returns its manifest.
 
     Args:

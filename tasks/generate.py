@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,35 +11,32 @@ from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from batchgen.engine import discard_engine, engine_args, get_engine, on_cpu, start_in_background
-from batchgen.generation import GenRequest, run_requests
+from batchgen.engine import discard_engine, engine_identity, get_engine, planned_engine_args, start_in_background
+from batchgen.generation import run_requests
+from batchgen.items import LoadedItems
 from batchgen.job import JobSpec
-from batchgen.models import resolve_model
-from batchgen.progress import for_run, window_of
-from batchgen.schema import ATTEMPT_SCHEMA
+from batchgen.progress import for_run, run_key, window_of
+from batchgen.records import Attempt, EngineStats, GenRequest, columns_of
 from batchgen.store import ResultStore
 
 
 @dataclass
 class Generated:
-    rows: pd.DataFrame
-    reused: int  # requests answered from earlier commits
-    fresh_output_tokens: int
+    rows: pd.DataFrame  # the attempts (batchgen.records.Attempt), reused ones included
+    stats: EngineStats  # its time in the engine, reuse and fresh tokens
     seconds: float  # the whole task, engine start included
-    engine_seconds: float  # from this task's first request entering the engine to its last output
-    engine_args: dict
-    first_added_at: float | None = None  # perf_counter: its first request entered the engine
-    last_output_at: float | None = None  # perf_counter: its last output came back
-    first_commit_at: float | None = None  # perf_counter: its first new rows were committed
 
 
 def store_for(job: JobSpec) -> ResultStore:
     return ResultStore(Path(job.output.dir) / ".batchgen" / "results")
 
 
-def start_engine(job: JobSpec) -> None:
-    """Start the engine the generate tasks will use in the background (through this module's get_engine)."""
-    start_in_background(job.engine, lambda spec: get_engine(spec))
+def start_engine_early(job: JobSpec, loaded: LoadedItems) -> None:
+    """When this output has nothing generated yet, the engine will be needed: start it in the background now, so
+    its start overlaps the first window's prompts (a rerun builds it only once a request turns out to be new)."""
+    if len(loaded.items) and not store_for(job).has_commits():
+        print("engine: starting while the first prompts are built")
+        start_in_background(job.engine, lambda spec: get_engine(spec))
 
 
 class Progress:
@@ -52,7 +48,7 @@ class Progress:
         self.artifact = create_progress_artifact(progress=0.0, description=f"{job.name}: {label}, requests done (%)")
         self.started = time.monotonic()
         self.logged = self.posted = self.started
-        self.job = for_run(str(Path(job.output.dir).resolve()))
+        self.job = for_run(run_key(job))
         self.window = window_of(label)
 
     def update(self, finished: int, fresh_tokens: int, engine_seconds: float, generated: int,
@@ -87,24 +83,22 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Gener
     """Feed every pending request into the engine's stream; commit outputs as they finish; reuse earlier commits."""
     started = time.perf_counter()
     store = store_for(job)
-    model = resolve_model(job.engine.model)
-    args = engine_args(job.engine, model, on_cpu())
-    identity = json.dumps({k: v for k, v in args.items() if k not in ("tokenizer",)}, sort_keys=True, default=str)
+    args = planned_engine_args(job.engine)
     progress = Progress(job, label, len(requests))
     fresh_tokens, generated = 0, 0
     first_commit_at: float | None = None
 
-    def on_commit(new_rows: list[dict], finished: int, of: int) -> None:
+    def on_commit(new_rows: list[Attempt], finished: int, of: int) -> None:
         nonlocal fresh_tokens, generated, first_commit_at
         store.commit(new_rows)
         tokens, final = 0, 0
         if new_rows:  # rates count engine time only: not the engine's start, not reused results
             first_commit_at = first_commit_at or time.perf_counter()
             for row in new_rows:
-                tokens += row["new_output_tokens"]
-                final += row["finish_reason"] != "length"
+                tokens += row.new_output_tokens
+                final += row.finish_reason != "length"
             fresh_tokens += tokens
-            generated += len({r["request_key"] for r in new_rows})
+            generated += len({r.request_key for r in new_rows})
         else:  # results reused from earlier commits: counted as finished (the window's staging corrects it)
             final = finished * job.sampling.candidates
         progress.update(finished, fresh_tokens, time.perf_counter() - ready, generated, final, tokens)
@@ -120,7 +114,7 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Gener
         return used[-1]
 
     try:
-        ran = run_requests(engine, requests, job.sampling, identity, job.chunk_size,
+        ran = run_requests(engine, requests, job.sampling, engine_identity(args), job.chunk_size,
                            job.commit_seconds, done=store.load,  # this window's commits only
                            on_commit=on_commit, adapters=job.engine.lora_adapters or None)
     except Exception:
@@ -129,12 +123,12 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Gener
         raise
     finally:
         progress.close()
-    frame = pd.DataFrame(ran.rows, columns=ATTEMPT_SCHEMA.names)
+    frame = pd.DataFrame(columns_of(ran.rows, Attempt))
     seconds = time.perf_counter() - started
     print(f"generate [{label}]: {len(requests)} requests -> {len(frame)} outputs, {ran.reused} reused, "
           f"{fresh_tokens} new output tokens in {seconds:.1f} s")
     engine_seconds = (ran.last_output_at - ran.first_added_at
                       if ran.first_added_at is not None and ran.last_output_at is not None else 0.0)
-    return Generated(rows=frame, reused=ran.reused, fresh_output_tokens=fresh_tokens, seconds=seconds,
-                     engine_seconds=engine_seconds, engine_args=args, first_added_at=ran.first_added_at,
-                     last_output_at=ran.last_output_at, first_commit_at=first_commit_at)
+    return Generated(rows=frame, seconds=seconds, stats=EngineStats(
+        reused=ran.reused, fresh_output_tokens=fresh_tokens, engine_seconds=engine_seconds, engine_args=args,
+        first_added_at=ran.first_added_at, last_output_at=ran.last_output_at, first_commit_at=first_commit_at))

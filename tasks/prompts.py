@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from batchgen.items import LoadedItems
+from batchgen.progress import for_run, run_key
+from batchgen.records import Window
 from batchgen.adapters import apply_adapters, check_adapter_column
 from batchgen.job import JobSpec
 from batchgen.models import ModelRef
@@ -21,11 +23,16 @@ class PromptStep:
     built: BuiltPrompts
     model: ModelRef
     max_model_len: int
+    seconds: float = 0.0  # the task's own time
 
 
-@task(name="build-prompts", cache_policy=NO_CACHE)
-def build_prompts_task(job: JobSpec, loaded: LoadedItems) -> PromptStep:
-    """Render every item's prompt with the model's chat template and count its tokens."""
+@task(name="build-prompts", cache_policy=NO_CACHE, task_run_name="build-prompts-{loaded.label}")
+def build_prompts_task(job: JobSpec, loaded: Window) -> PromptStep:
+    """Render every item's prompt (of one window) with the model's chat template and count its tokens."""
+    started = time.perf_counter()
+    progress = for_run(run_key(job))
+    if progress is not None:
+        progress.window(loaded.label, len(loaded.items) + len(loaded.rejected))
     check_template_columns(job.prompt, loaded.columns, job.input.path)  # a bad template fails before any model work
     check_keyword_column(job.expectations.keyword_column, loaded.columns)
     check_override_columns(job.sampling, loaded.columns)
@@ -42,4 +49,4 @@ def build_prompts_task(job: JobSpec, loaded: LoadedItems) -> PromptStep:
         f"{lengths.mean() if len(lengths) else 0:.0f}/{lengths.max() if len(lengths) else 0} "
         f"(limit {max_len})"
     )
-    return PromptStep(built=built, model=model, max_model_len=max_len)
+    return PromptStep(built=built, model=model, max_model_len=max_len, seconds=time.perf_counter() - started)

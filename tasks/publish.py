@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -17,57 +17,62 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from batchgen.assemble import LostItemsError, assemble
-from batchgen.items import Rejection
 from batchgen.job import JobSpec
 from batchgen.manifest import build_manifest, tally
-from batchgen.models import ModelRef
-from batchgen.publish import ATTEMPTS, CURRENT, PUBLICATIONS, REJECTED, RESULTS, commit, frame_tables, stage_part, \
-    stage_parts
+from batchgen.progress import for_run, run_key
+from batchgen.publish import CURRENT, PUBLICATIONS, REJECTED, RESULTS, Publication
+from batchgen.records import ATTEMPTS_SCHEMA, EngineStats, Manifest, RunTotals, Tally, Window
 from batchgen.remote import CURRENT_JSON, upload_publication
 from batchgen.report import report_markdown, write_report
 from batchgen.retry import latest_attempts
 from batchgen.summary import summary_markdown
+from expectations.validate import merge_results
+from tasks.prompts import PromptStep
+from tasks.validate import Validated
 
 
-@task(name="stage-window", cache_policy=NO_CACHE)
-def stage_window_task(
-    job: JobSpec,
-    staging: Path,
-    index: int,
-    items: pd.DataFrame,
-    columns: list[str],
-    early_rejections: list[Rejection],
-    attempts: pd.DataFrame,
-    codec: tuple[pa.DataType, Callable[[Any], Any]],
-) -> dict[str, Any]:
-    """Choose each item's published candidate in one window, write the window's rows into the staged publication,
-    and return its counts; the window's items each end in accepted or rejected, exactly once."""
-    result = assemble(items, columns, early_rejections, latest_attempts(attempts), job.sampling)
-    stage_part(staging, index, frame_tables(result.accepted, result.rejected, attempts, codec, job.input.id_column))
-    return tally(result.accepted, result.rejected, attempts)
+def open_publication(job: JobSpec) -> Publication:
+    """The run's publication (the one writer of its tables): staged, and discarded if the run fails before it
+    is committed. Use it as a context manager."""
+    return Publication.open(Path(job.output.dir), jsonl=job.output.jsonl, keep=job.output.keep,
+                            id_column=job.input.id_column)
+
+
+@task(name="stage-window", cache_policy=NO_CACHE, task_run_name="stage-window-{window.label}")
+def stage_window_task(job: JobSpec, publication: Publication, window: Window, prompts: PromptStep | None,
+                      engine: list[EngineStats], validated: list[Validated]) -> Tally:
+    """Choose each item's published candidate in one window and write the window's rows into the publication,
+    with the window's totals (its counts, GX results and figures); the window's items each end in accepted or
+    rejected, exactly once. Returns the window's counts."""
+    started = time.perf_counter()
+    attempts = pd.concat([v.rows for v in validated], ignore_index=True) if validated else \
+        pd.DataFrame(columns=ATTEMPTS_SCHEMA.names)
+    rejected = window.rejected + (prompts.built.rejected if prompts is not None else [])
+    result = assemble(window.items, window.columns, rejected, latest_attempts(attempts), job.sampling)
+    engine = sum(engine, EngineStats())
+    counted = tally(result.accepted, result.rejected, attempts, reused=engine.reused)
+    seconds = Counter(load_and_prompts=prompts.seconds if prompts is not None else 0.0,
+                      validate_and_stage=sum(v.seconds for v in validated) + time.perf_counter() - started)
+    publication.add_window(window.index, result.accepted, result.rejected, attempts, window.inputs, RunTotals(
+        tally=counted, engine=engine, validation=[[v.result] for v in validated], seconds=seconds,
+        model=prompts.model if prompts is not None else None))
+    progress = for_run(run_key(job))
+    if progress is not None:
+        progress.staged_window(window.label, counted.items)
+    return counted
 
 
 @task(name="publish", cache_policy=NO_CACHE)
-def publish_task(
-    job: JobSpec,
-    staging: Path,
-    counted: dict[str, Any],
-    validation: list[dict[str, Any]],
-    model: ModelRef,
-    engine_args: dict[str, Any],
-    reused: int,
-    fresh_output_tokens: int,
-    timings: dict[str, float],
-    started_at: datetime,
-) -> dict[str, Any]:
-    """Join the windows' rows into the accepted, rejected and attempts tables, add the GX results, the dataset card
-    and the manifest; switch."""
-    manifest = build_manifest(job, {"name": model.name, "path": model.path}, engine_args, counted, reused,
-                              fresh_output_tokens, timings, started_at, flow_run.get_id(), flow_run.get_flow_name())
-    written, staging = stage_parts(Path(job.output.dir), staging, [RESULTS, REJECTED, ATTEMPTS], validation,
-                                   manifest, job.output.jsonl)
-    check_published_once(staging, counted["items"])
-    finish_publication(job, written, staging, _artifact_key(job.name), f"{job.name}: run summary", "publish")
+def publish_task(job: JobSpec, publication: Publication, started_at: datetime) -> Manifest:
+    """Join the windows' rows into the accepted, rejected and attempts tables, add the GX results, the dataset card,
+    the manifest and the report; switch `current` to it."""
+    totals = publication.totals
+    before_publish = publication.windows_done or time.perf_counter()
+    manifest = build_manifest(job, totals, totals.timings(publication.opened, before_publish), started_at,
+                              flow_run.get_id(), flow_run.get_flow_name())
+    written = publication.seal(manifest, [merge_results(results) for results in totals.validation])
+    check_published_once(publication.staging, totals.tally.items)
+    finish_publication(job, publication, _artifact_key(job.name), f"{job.name}: run summary", "publish")
     return written
 
 
@@ -83,18 +88,19 @@ def check_published_once(staging: Path, expected: int) -> None:
                              f"{expected} expected")
 
 
-def finish_publication(job: JobSpec, written: dict[str, Any], staging: Path, artifact_key: str,
-                       artifact_description: str, label: str) -> Path:
-    """Add the report to a staged publication, switch `current` to it, post the summary, copy it to shared storage."""
-    # Anything else that belongs to this publication is written into `staging` before the commit,
+def finish_publication(job: JobSpec, publication: Publication, artifact_key: str, artifact_description: str,
+                       label: str) -> Path:
+    """Add the report to a sealed publication, switch `current` to it, post the summary, copy it to shared storage."""
+    # Anything else that belongs to this publication is written into it before the commit,
     # so that readers of <out>/current see it together with the data or not at all.
-    write_report(staging)  # report.html and data_docs/ belong to this publication
+    write_report(publication.staging)  # report.html and data_docs/ belong to this publication
     out_dir = Path(job.output.dir)
-    published = commit(out_dir, staging, job.output.keep)
+    published = publication.commit()
+    written = publication.manifest
     create_markdown_artifact(markdown=summary_markdown(written) + report_markdown(published), key=artifact_key,
                              description=artifact_description)
-    counts = written["counts"]
-    print(f"{label}: {counts['accepted']} accepted, {counts['rejected']} rejected of {counts['items']} items "
+    counts = written.counts
+    print(f"{label}: {counts.accepted} accepted, {counts.rejected} rejected of {counts.items} items "
           f"-> {out_dir / CURRENT} ({published.relative_to(out_dir)})")
     if job.output.publish_to:
         # After the local commit: the shared copy's current.json is written last, so readers there

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +17,9 @@ from expectations.validate import validate_rows
 
 @dataclass
 class Validated:
-    rows: pd.DataFrame  # the input rows with passed and failed
-    result: dict[str, Any]
+    rows: pd.DataFrame  # the attempts with their verdicts: passed and failed (batchgen.records.Verdict)
+    result: dict[str, Any]  # the GX validation result, as JSON
+    seconds: float  # the task's own time
 
 
 def expectation_table(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -36,9 +38,10 @@ def expectation_table(result: dict[str, Any]) -> list[dict[str, Any]]:
     return table
 
 
-@task(name="validate", cache_policy=NO_CACHE)
+@task(name="validate", cache_policy=NO_CACHE, task_run_name="validate-{label}")
 def validate_task(job: JobSpec, rows: pd.DataFrame, keywords: pd.Series | None, label: str) -> Validated:
     """Run the GX suite; every row gets passed/failed and the expectations it failed."""
+    started = time.perf_counter()
     validation = validate_rows(rows, job.expectations, keywords, suite_name=f"{job.name}-outputs",
                                structured=job.sampling.structured)
     out = rows.reset_index(drop=True).copy()  # the verdicts are in the rows' order
@@ -49,4 +52,4 @@ def validate_task(job: JobSpec, rows: pd.DataFrame, keywords: pd.Series | None, 
         create_table_artifact(table=summary, description=f"{job.name}: expectations, {label}")
     print(f"validate [{label}]: {int(out['passed'].sum())}/{len(out)} outputs pass every expectation; "
           + ", ".join(f"{s['expectation']} failed {s['failed']}" for s in summary))
-    return Validated(rows=out, result=validation.result)
+    return Validated(rows=out, result=validation.result, seconds=time.perf_counter() - started)

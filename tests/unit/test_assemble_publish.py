@@ -1,4 +1,4 @@
-"""Assembly of accepted/rejected tables, the published dataset, and the result store."""
+"""Assembly of accepted/rejected tables, and the published dataset."""
 
 from __future__ import annotations
 
@@ -14,13 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchgen.assemble import Assembled, LostItemsError, assemble, check_exactly_once
-from batchgen.generation import GenRequest, output_rows
-from batchgen.items import Rejection, load_items
+from batchgen.items import load_items
 from batchgen.job import InputSpec
-from batchgen.publish import REJECTED, RESULTS, publish
+from batchgen.publish import REJECTED, RESULTS
+from batchgen.records import ATTEMPTS_SCHEMA, Rejection
 from batchgen.retry import latest_attempts
-from batchgen.schema import ATTEMPT_SCHEMA, attempts_schema
-from batchgen.store import ResultStore
+from tests.publications import generated, publish_frames
 
 COLUMNS = ["name", "feature"]
 
@@ -34,22 +33,7 @@ def make_items(rows: list[tuple[str, str, str]]) -> pd.DataFrame:
     })
 
 
-def generated(item_id: str, texts: list[str], finish: list[str] | None = None, attempt: int = 1,
-              candidate: int | None = None, max_tokens: int = 16) -> list[dict[str, Any]]:
-    """Attempt rows as the engine step produces them (one per candidate)."""
-    finish = finish or ["stop"] * len(texts)
-    req = GenRequest(item_id=item_id, prompt=f"<prompt {item_id}>", prompt_token_ids=[1, 2, 3],
-                     max_tokens=max_tokens, n=len(texts), attempt=attempt, candidate=candidate,
-                     strategy="first" if attempt == 1 else "grow")
-    out = SimpleNamespace(request_id=f"req-{item_id}-{attempt}", outputs=[
-        SimpleNamespace(index=i, text=t, token_ids=list(range(10, 10 + len(t.split()))), cumulative_logprob=-1.0,
-                        finish_reason=f, stop_reason=None)
-        for i, (t, f) in enumerate(zip(texts, finish))
-    ])
-    return output_rows(req, out, f"key-{item_id}-{attempt}-{candidate}", 0.25)
-
-
-def with_verdicts(rows: list[dict[str, Any]], failed: list[list[str]]) -> pd.DataFrame:
+def with_verdicts(rows: list[Any], failed: list[list[str]]) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     frame["failed"] = failed
     frame["passed"] = [not f for f in failed]
@@ -157,8 +141,8 @@ def test_check_exactly_once_raises_on_a_missing_item(scenario):
 def publish_scenario(scenario, out_dir: Path, jsonl: bool = True) -> dict[str, Any]:
     result = assemble(scenario.items, COLUMNS, scenario.early, latest_attempts(scenario.attempts))
     validation = [{"success": False, "results": [], "statistics": {"evaluated_expectations": 1}}]
-    return publish(out_dir, result.accepted, result.rejected, scenario.attempts, validation,
-                   {"job": "unit", "counts": {"items": 6}}, jsonl)
+    return publish_frames(out_dir, result.accepted, result.rejected, scenario.attempts, validation,
+                          {"job": "unit", "counts": {"items": 6}}, jsonl)
 
 
 def test_publish_writes_every_file(scenario, tmp_path):
@@ -171,12 +155,12 @@ def test_publish_writes_every_file(scenario, tmp_path):
                             "validation.json", "manifest.json", "README.md", "jsonl/accepted.jsonl",
                             "jsonl/rejected.jsonl", "jsonl/attempts.jsonl"])
     assert json.loads((out / "current" / "manifest.json").read_text(encoding="utf-8")) == manifest
-    assert manifest["job"] == "unit" and manifest["counts"] == {"items": 6}
+    assert manifest["job"] == "unit" and manifest["counts"]["items"] == 6
     assert json.loads((out / "current" / "validation.json").read_text(encoding="utf-8"))[0]["success"] is False
     assert pq.read_table(out / "current" / "accepted").num_rows == 2  # a table is its folder
     assert pq.read_table(out / "current" / "rejected").num_rows == 4
     assert pq.read_table(out / "current" / "attempts").num_rows == len(scenario.attempts)
-    assert pq.read_table(out / "current" / "attempts" / "attempts.parquet").schema.equals(attempts_schema())
+    assert pq.read_table(out / "current" / "attempts" / "attempts.parquet").schema.equals(ATTEMPTS_SCHEMA)
 
 
 def test_publish_without_jsonl_writes_no_mirrors(scenario, tmp_path):
@@ -271,7 +255,7 @@ def test_input_with_an_empty_csv_cell_publishes(tmp_path):
                           with_verdicts(generated("p2", ["Dry feet."]), [[]])], ignore_index=True)
     result = assemble(loaded.items, loaded.columns, loaded.rejected, latest_attempts(attempts))
 
-    publish(tmp_path / "out", result.accepted, result.rejected, attempts, [], {}, True, id_column="product_id")
+    publish_frames(tmp_path / "out", result.accepted, result.rejected, attempts, [], {}, True, id_column="product_id")
 
     rows = {r["item_id"]: r for r in pq.read_table(tmp_path / "out" / "current" / "accepted").to_pylist()}
     assert {k: rows["p1"][k] for k in ("name", "note")} == {"name": "Mug", "note": None}
@@ -292,70 +276,11 @@ def test_row_rejected_for_an_empty_field_publishes(tmp_path, tokenizer):
     attempts = with_verdicts(generated("p1", ["A sturdy mug."]), [[]])
     result = assemble(loaded.items, loaded.columns, loaded.rejected + built.rejected, latest_attempts(attempts))
 
-    publish(tmp_path / "out", result.accepted, result.rejected, attempts, [], {}, True, id_column="product_id")
+    publish_frames(tmp_path / "out", result.accepted, result.rejected, attempts, [], {}, True, id_column="product_id")
 
     [rejected] = pq.read_table(tmp_path / "out" / "current" / "rejected").to_pylist()
     assert (rejected["item_id"], rejected["reasons"]) == ("p2", ["missing_field"])
     assert {k: rejected[k] for k in ("name", "feature")} == {"name": "Boots", "feature": None}
-
-
-# ---------------------------------------------------------------- result store
-
-def test_store_commit_and_load_round_trip(tmp_path):
-    store = ResultStore(tmp_path / "store")
-    first = generated("p1", ["a", "b"]) + generated("p2", ["星辰保温杯"])
-    second = generated("p3", ["c"], finish=["length"])
-    store.commit(first)
-    store.commit(second)
-    store.commit([])  # nothing to commit writes nothing
-
-    done = store.load()
-
-    assert len(list((tmp_path / "store").glob("chunk-*.parquet"))) == 2
-    assert sorted(done) == sorted({r["request_key"] for r in first + second})
-    assert done["key-p1-1-None"] == first[:2]  # both candidates of one request, every field kept
-    assert done["key-p2-1-None"] == first[2:]
-    assert done["key-p3-1-None"] == second
-    assert list(done["key-p3-1-None"][0]) == ATTEMPT_SCHEMA.names
-
-
-def test_store_loads_only_the_keys_asked_for(tmp_path):
-    store = ResultStore(tmp_path / "store")
-    first = generated("p1", ["a", "b"]) + generated("p2", ["c"])
-    second = generated("p3", ["d"])
-    store.commit(first)
-    store.commit(second)
-
-    done = store.load({"key-p1-1-None", "key-p3-1-None", "key-never-committed"})
-
-    assert sorted(done) == ["key-p1-1-None", "key-p3-1-None"]  # p2 is committed but not asked for
-    assert done["key-p1-1-None"] == first[:2] and done["key-p3-1-None"] == second
-    assert dict(store.load(set())) == {}
-
-
-def test_store_of_a_missing_folder_is_empty(tmp_path):
-    assert dict(ResultStore(tmp_path / "never-written").load()) == {}
-
-
-def test_unreadable_chunk_is_skipped_with_a_warning(tmp_path, caplog):
-    store = ResultStore(tmp_path / "store")
-    store.commit(generated("p1", ["a"]))
-    (tmp_path / "store" / "chunk-x.parquet").write_bytes(b"\x00garbage, not a parquet file\xff" * 4)
-    (tmp_path / "store" / "chunk-y.parquet").write_bytes(b"")
-
-    with caplog.at_level(logging.WARNING, logger="batchgen.store"):
-        done = store.load()
-
-    assert list(done) == ["key-p1-1-None"]
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("chunk-x.parquet" in m and "unreadable" in m for m in warned)
-    assert any("chunk-y.parquet" in m for m in warned)
-
-
-def test_store_commit_leaves_no_temporary_files(tmp_path):
-    store = ResultStore(tmp_path / "store")
-    store.commit(generated("p1", ["a"]))
-    assert [p.name for p in (tmp_path / "store").iterdir() if p.name.startswith(".")] == []
 
 
 def test_check_published_once_refuses_a_staging_that_lost_or_doubled_an_item(tmp_path):

@@ -15,11 +15,12 @@ import yaml
 from batchgen.assemble import assemble
 from batchgen.items import load_items
 from batchgen.job import InputSpec
-from batchgen.publish import CARD, REJECTED, RESULTS, publish
+from batchgen.publish import CARD, REJECTED, RESULTS
 from batchgen.retry import latest_attempts
 from batchgen.schema import INPUT_COLUMN_KEY, published_input_names
 from tests.dataset_checks import check_readers
-from tests.unit.test_assemble_publish import generated, with_verdicts
+from tests.publications import generated, publish_frames
+from tests.unit.test_assemble_publish import with_verdicts
 
 # The input has columns named like batchgen's own (text, stage) and one named like a renamed one (input_text).
 CSV = ("sku,name,text,stage,input_text\n"
@@ -43,8 +44,8 @@ def publication(tmp_path):
                 "prompt": {"style": "chat", "system": None, "template": "Describe {{ name }}."},
                 "counts": {"items": 4, "accepted": len(result.accepted), "rejected": len(result.rejected),
                            "rejected_by_reason": {"duplicate_id": 1, "length": 1}}}
-    written = publish(tmp_path / "out", result.accepted, result.rejected, attempts, [], manifest, True,
-                      id_column="sku")
+    written = publish_frames(tmp_path / "out", result.accepted, result.rejected, attempts, [], manifest, True,
+                             id_column="sku")
     return tmp_path / "out", written, path
 
 

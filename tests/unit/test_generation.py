@@ -6,6 +6,8 @@ from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
 
+import dataclasses
+
 import pandas as pd
 import pytest
 
@@ -19,7 +21,6 @@ from batchgen.generation import (
 )
 from batchgen.job import RetrySpec, SamplingSpec
 from batchgen.retry import plan_retries
-from batchgen.schema import ATTEMPT_SCHEMA
 from tests.engines import stand_in_engine
 
 MODEL = '{"model": "/models/smollm2", "dtype": "auto"}'
@@ -50,7 +51,7 @@ def test_output_rows_keeps_every_field():
 
     rows = output_rows(req, out, "key-1", 0.75)
 
-    assert rows == [
+    assert [dataclasses.asdict(r) for r in rows] == [  # every field, as the store writes it
         {"item_id": "p1", "candidate": 0, "attempt": 1, "strategy": "first", "request_key": "key-1",
          "request_id": "req-7", "prompt": "<prompt p1>", "prompt_token_ids": [1, 2, 3, 4], "n_prompt_tokens": 4,
          "text": "A sturdy mug.", "token_ids": [11, 12, 13], "n_output_tokens": 3, "new_output_tokens": 3,
@@ -62,22 +63,21 @@ def test_output_rows_keeps_every_field():
          "new_output_tokens": 4, "cumulative_logprob": -3.5, "finish_reason": "length", "stop_reason": None,
          "max_tokens": 16, "temperature": None, "lora": None, "logprobs": None, "prompt_logprobs": None, "chunk_seconds": 0.75, "chunk_finished_at": None},
     ]
-    assert list(rows[0]) == ATTEMPT_SCHEMA.names  # exactly the columns the store writes
 
 
 def test_output_rows_of_a_retry_keep_the_retried_candidate():
     req = request("p1", attempt=2, strategy="grow", candidate=3, n=1, max_tokens=32)
     rows = output_rows(req, request_output(9, completion(0)), "k", 0.1)
-    assert [(r["candidate"], r["attempt"], r["strategy"], r["max_tokens"]) for r in rows] == [(3, 2, "grow", 32)]
-    assert rows[0]["request_id"] == "9"  # request ids are text
+    assert [(r.candidate, r.attempt, r.strategy, r.max_tokens) for r in rows] == [(3, 2, "grow", 32)]
+    assert rows[0].request_id == "9"  # request ids are text
 
 
 def test_output_rows_stop_reason_and_missing_finish_reason():
     rows = output_rows(request(), request_output("r", completion(stop_reason=2, finish_reason=None),
                                                  completion(index=1, stop_reason="\n\n")), "k", 0.0)
-    assert rows[0]["stop_reason"] == "2"  # a stop token id, as text
-    assert rows[0]["finish_reason"] == "unknown"
-    assert rows[1]["stop_reason"] == "\n\n"
+    assert rows[0].stop_reason == "2"  # a stop token id, as text
+    assert rows[0].finish_reason == "unknown"
+    assert rows[1].stop_reason == "\n\n"
 
 
 def test_continuation_concatenates_the_prefix_and_sums_logprobs():
@@ -87,20 +87,20 @@ def test_continuation_concatenates_the_prefix_and_sums_logprobs():
 
     [row] = output_rows(req, out, "k2", 0.2)
 
-    assert row["text"] == "The mug keeps coffee hot."
-    assert row["token_ids"] == [11, 12, 13, 14, 15]
-    assert row["n_output_tokens"] == 5
-    assert row["new_output_tokens"] == 2
-    assert row["cumulative_logprob"] == pytest.approx(-2.5)
-    assert row["prompt_token_ids"] == [1, 2, 3, 4]  # the prompt does not absorb the prefix
-    assert row["n_prompt_tokens"] == 4
+    assert row.text == "The mug keeps coffee hot."
+    assert row.token_ids == [11, 12, 13, 14, 15]
+    assert row.n_output_tokens == 5
+    assert row.new_output_tokens == 2
+    assert row.cumulative_logprob == pytest.approx(-2.5)
+    assert row.prompt_token_ids == [1, 2, 3, 4]  # the prompt does not absorb the prefix
+    assert row.n_prompt_tokens == 4
 
 
 def test_continuation_with_an_unknown_prefix_logprob_has_no_logprob():
     req = request(strategy="continue", attempt=2, candidate=0, prefix_text="ab", prefix_token_ids=[5],
                   prefix_logprob=None)
     [row] = output_rows(req, request_output("r", completion(logprob=-1.0)), "k", 0.0)
-    assert row["cumulative_logprob"] is None
+    assert row.cumulative_logprob is None
 
 
 # ---------------------------------------------------------------- request_key
@@ -196,9 +196,9 @@ def test_run_requests_sends_every_request_with_its_budget_and_sampling():
     for p in params:
         assert (p.max_tokens, p.n, p.temperature, p.top_p, p.stop) == (4, 2, 0.7, 0.9, ["\n\n"])
     assert len(rows) == 6  # 3 requests x 2 candidates
-    assert sorted((r["item_id"], r["candidate"]) for r in rows) == [
+    assert sorted((r.item_id, r.candidate) for r in rows) == [
         (f"p{i}", c) for i in range(3) for c in range(2)]
-    keys = {r["item_id"]: r["request_key"] for r in rows}
+    keys = {r.item_id: r.request_key for r in rows}
     assert keys == {q.item_id: request_key(q, sampling_kwargs(sampling), MODEL) for q in reqs}
 
 
@@ -219,7 +219,7 @@ def test_run_requests_feeds_every_request_at_once_and_commits_in_chunks(count, c
     commits = [b - a for (a, _), (b, _) in zip([(0, count)] + progress, progress)]
     assert commits == [min(chunk_size, count - start) for start in range(0, count, chunk_size)]
     assert len(seen) == count == len(rows)
-    assert sorted(r["item_id"] for r in seen) == sorted(f"p{i}" for i in range(count))  # each row once
+    assert sorted(r.item_id for r in seen) == sorted(f"p{i}" for i in range(count))  # each row once
     assert seen == rows
     assert progress[-1] == (count, count)
     assert [f for f, _ in progress] == sorted(f for f, _ in progress)
@@ -231,7 +231,7 @@ def test_run_requests_reuses_done_results_without_asking_the_engine():
     first_rows, *_ = run_requests(Factory(FakeLLM()), reqs[:3], sampling, MODEL, commit_every=2)
     done: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in first_rows:
-        done[row["request_key"]].append(row)
+        done[row.request_key].append(row)
 
     llm = FakeLLM()
     seen: list[dict[str, Any]] = []
@@ -247,9 +247,9 @@ def test_run_requests_reuses_done_results_without_asking_the_engine():
     sent = [p["prompt_token_ids"][0] for prompts, _ in llm.calls for p in prompts]
     assert sent == [1003, 1004]  # only p3 and p4 reach the engine
     assert len(llm.calls) == 1
-    assert sorted(r["item_id"] for r in rows) == [f"p{i}" for i in range(5)]
-    assert [r for r in rows if r["item_id"] in ("p0", "p1", "p2")] == first_rows  # reused as committed
-    assert sorted(r["item_id"] for r in seen) == ["p3", "p4"]  # only new rows are handed on for commit
+    assert sorted(r.item_id for r in rows) == [f"p{i}" for i in range(5)]
+    assert [r for r in rows if r.item_id in ("p0", "p1", "p2")] == first_rows  # reused as committed
+    assert sorted(r.item_id for r in seen) == ["p3", "p4"]  # only new rows are handed on for commit
     assert progress == [(3, 5), (5, 5)]
 
 
@@ -271,18 +271,18 @@ def test_run_requests_asks_a_loader_once_for_exactly_its_requests_keys(tmp_path)
     rows, reused, *_ = run_requests(Factory(llm), reqs[1:], sampling, MODEL, commit_every=2, done=loader)
 
     assert len(asked) == 1 and len(asked[0]) == 4  # p1..p4, each key once
-    assert {r["request_key"] for r in first_rows[1:]} <= asked[0]
-    assert first_rows[0]["request_key"] not in asked[0]  # p0 is not this call's
+    assert {r.request_key for r in first_rows[1:]} <= asked[0]
+    assert first_rows[0].request_key not in asked[0]  # p0 is not this call's
     assert reused == 2
     assert [p["prompt_token_ids"][0] for prompts, _ in llm.calls for p in prompts] == [1003, 1004]
-    assert sorted(r["item_id"] for r in rows) == [f"p{i}" for i in range(1, 5)]
+    assert sorted(r.item_id for r in rows) == [f"p{i}" for i in range(1, 5)]
 
 
 def test_run_requests_never_builds_the_engine_when_nothing_is_pending():
     sampling = SamplingSpec(max_tokens=4)
     reqs = many_requests(2)
     first_rows, *_ = run_requests(Factory(FakeLLM()), reqs, sampling, MODEL, commit_every=8)
-    done = {row["request_key"]: [row] for row in first_rows}
+    done = {row.request_key: [row] for row in first_rows}
 
     def factory():
         raise AssertionError("the engine was started although every request was done")
@@ -298,7 +298,7 @@ def test_run_requests_with_another_model_does_not_reuse_results():
     sampling = SamplingSpec(max_tokens=4)
     reqs = many_requests(2)
     first_rows, *_ = run_requests(Factory(FakeLLM()), reqs, sampling, MODEL, commit_every=8)
-    done = {row["request_key"]: [row] for row in first_rows}
+    done = {row.request_key: [row] for row in first_rows}
     llm = FakeLLM()
     _, reused, *_ = run_requests(Factory(llm), reqs, sampling, '{"model": "/models/other"}', commit_every=8, done=done)
     assert reused == 0 and len(llm.calls) == 1
@@ -323,9 +323,9 @@ def test_continue_retry_sends_prompt_plus_prefix_and_asks_only_for_the_rest():
     [prompt], [params] = llm.calls[0]
     assert prompt["prompt_token_ids"] == [1, 2, 3] + [900] * 8
     assert params.max_tokens == 8  # 16 in all, 8 already there
-    assert row["n_output_tokens"] == 16 and row["new_output_tokens"] == 8
-    assert row["text"] == "out 1/0out 1/0"
-    assert row["cumulative_logprob"] == pytest.approx(-1.6)
+    assert row.n_output_tokens == 16 and row.new_output_tokens == 8
+    assert row.text == "out 1/0out 1/0"
+    assert row.cumulative_logprob == pytest.approx(-1.6)
 
 
 def test_continue_retry_with_min_tokens_is_a_valid_engine_request():
@@ -342,4 +342,4 @@ def test_continue_retry_with_min_tokens_is_a_valid_engine_request():
     [_], [params] = llm.calls[0]
     assert params.max_tokens == 4
     assert params.min_tokens <= params.max_tokens
-    assert row["n_output_tokens"] == 12
+    assert row.n_output_tokens == 12

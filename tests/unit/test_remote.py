@@ -10,12 +10,13 @@ import pytest
 
 from batchgen.assemble import LostItemsError, assemble
 from batchgen.job import JobError, job_from_dict, parse_overrides
-from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, commit, current_publication, stage
+from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, current_publication
 from batchgen.remote import RemoteError, read_current, read_current_record, read_publication, upload_publication
 from batchgen.retry import latest_attempts
-from batchgen.shards import merge_shards, shard_dir, shard_url
+from batchgen.shards import shard_dir, shard_url
 from tests.servers import moto_s3
-from tests.unit.test_assemble_publish import COLUMNS, generated, make_items, with_verdicts
+from tests.publications import generated, merge, stage_frames
+from tests.unit.test_assemble_publish import COLUMNS, make_items, with_verdicts
 from tests.unit.test_shards import _publish_shard
 
 BUCKET = "batchgen-shared"
@@ -35,13 +36,13 @@ def _publish(out: Path, names: list[str], extra: str | None = None) -> Path:
                               for row in generated(f"p{i}", [f"{name} is quiet.", "short"])],
                              [[], ["length"]] * len(names))
     result = assemble(items, COLUMNS, [], latest_attempts(attempts))
-    _, staging = stage(out, result.accepted, result.rejected, attempts, [{"success": True}],
-                       {"job": "remote", "counts": {"items": len(names), "accepted": len(result.accepted)}}, True)
+    publication = stage_frames(out, result.accepted, result.rejected, attempts, [{"success": True}],
+                               {"job": "remote", "counts": {"items": len(names), "accepted": len(result.accepted)}})
     if extra:
-        (staging / "report.html").write_text(extra, encoding="utf-8")
-        (staging / "data_docs").mkdir()
-        (staging / "data_docs" / "index.html").write_text(extra, encoding="utf-8")
-    return commit(out, staging)
+        (publication.staging / "report.html").write_text(extra, encoding="utf-8")
+        (publication.staging / "data_docs").mkdir()
+        (publication.staging / "data_docs" / "index.html").write_text(extra, encoding="utf-8")
+    return publication.commit()
 
 
 def _keys(client, prefix: str) -> set[str]:
@@ -170,16 +171,16 @@ def test_merge_reads_shard_publications_from_the_bucket(s3, tmp_path):
     merger = tmp_path / "machine-c" / "out"
     elsewhere = [shard_dir(merger, i, 2) for i in range(2)]  # never written: the merge must not need them
     with pytest.raises(RemoteError, match="shards/2-of-2: nothing published yet"):
-        merge_shards(merger, elsewhere, ["a", "b", "c", "d"], {"job": "merged"}, jsonl=False, shard_urls=urls)
+        merge(merger, elsewhere, ["a", "b", "c", "d"], {"job": "merged"}, jsonl=False, shard_urls=urls)
 
     _publish_shard(worker_b, 1, 2, ["d"], [])
     upload_publication(current_publication(shard_dir(worker_b, 1, 2)), urls[1])
-    written, staging = merge_shards(merger, elsewhere, ["a", "b", "c", "d"], {"job": "merged"}, jsonl=False,
+    written, staging = merge(merger, elsewhere, ["a", "b", "c", "d"], {"job": "merged"}, jsonl=False,
                                     shard_urls=urls)
-    commit(merger, staging)
+    staging.commit()
     assert written["counts"]["items"] == 4 and written["counts"]["accepted"] == 3
     assert [s["flow_run_id"] for s in written["shards"]] == ["run-0", "run-1"]
     assert sorted(pq.read_table(current_publication(merger) / RESULTS).column("item_id").to_pylist()) == ["a", "b", "d"]
     assert not any(path.exists() for path in elsewhere)
     with pytest.raises(LostItemsError, match="1 items missing"):
-        merge_shards(merger, elsewhere, ["a", "b", "c", "d", "e"], {}, jsonl=False, shard_urls=urls)
+        merge(merger, elsewhere, ["a", "b", "c", "d", "e"], {}, jsonl=False, shard_urls=urls)

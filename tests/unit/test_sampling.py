@@ -22,7 +22,8 @@ from batchgen.job import InputSpec, JobError, PromptSpec, RetrySpec, SamplingSpe
 from batchgen.overrides import apply_overrides, check_override_columns, parse_max_tokens, parse_temperature
 from batchgen.prompts import MessagesError, build_prompts, check_template_columns, conversation
 from batchgen.retry import latest_attempts, plan_retries
-from batchgen.schema import LOGPROBS_TYPE, accepted_schema
+from batchgen.records import LOGPROBS_TYPE
+from batchgen.schema import accepted_schema
 from expectations.suite import matches_json_schema
 
 
@@ -156,8 +157,8 @@ def test_top_logprobs_are_kept_per_token_best_first_and_continuations_keep_the_p
         index=0, text="b", token_ids=[7], cumulative_logprob=-0.3, finish_reason="stop", stop_reason=None,
         logprobs=[{7: lp(-0.3, 1, "b")}])])
     row = output_rows(request, out, "k", 0.1, keep_logprobs=True)[0]
-    assert row["logprobs"] == prefix + [[{"token_id": 7, "token": "b", "logprob": -0.3, "rank": 1}]]
-    assert output_rows(request, out, "k", 0.1)[0]["logprobs"] is None  # not asked: not kept
+    assert row.logprobs == prefix + [[{"token_id": 7, "token": "b", "logprob": -0.3, "rank": 1}]]
+    assert output_rows(request, out, "k", 0.1)[0].logprobs is None  # not asked: not kept
 
 
 # --- beam search -------------------------------------------------------------------------------
@@ -176,12 +177,12 @@ def test_beam_rows_hold_only_the_generated_tokens_ranked_with_finish_reasons():
         SimpleNamespace(tokens=[100, 101, 8, 9, 10], cum_logprob=-4.0, logprobs=[{}, {}, {}]),
     ])
     rows = beam_rows(request, output, "key", 0.5, None, FakeTokenizer(), keep_logprobs=None)
-    assert [r["candidate"] for r in rows] == [0, 1]
-    assert rows[0]["token_ids"] == [7, 2] and rows[0]["text"] == "t7" and rows[0]["finish_reason"] == "stop"
-    assert rows[1]["n_output_tokens"] == 3 and rows[1]["finish_reason"] == "length"
-    assert rows[0]["cumulative_logprob"] == -1.5 and rows[0]["logprobs"] is None
+    assert [r.candidate for r in rows] == [0, 1]
+    assert rows[0].token_ids == [7, 2] and rows[0].text == "t7" and rows[0].finish_reason == "stop"
+    assert rows[1].n_output_tokens == 3 and rows[1].finish_reason == "length"
+    assert rows[0].cumulative_logprob == -1.5 and rows[0].logprobs is None
     kept = beam_rows(request, output, "key", 0.5, None, FakeTokenizer(), keep_logprobs=1)
-    assert kept[0]["logprobs"] == [[{"token_id": 7, "token": "7", "logprob": -1.0, "rank": 1}],
+    assert kept[0].logprobs == [[{"token_id": 7, "token": "7", "logprob": -1.0, "rank": 1}],
                                    [{"token_id": 2, "token": "", "logprob": -0.5, "rank": 1}]]
 
 

@@ -12,10 +12,11 @@ import pytest
 from batchgen.assemble import LostItemsError, assemble
 from batchgen.items import LoadedItems, Rejection
 from batchgen.job import JobError, job_from_dict
-from batchgen.publish import RESULTS, commit, current_publication, publish, verify_publication
+from batchgen.publish import RESULTS, current_publication, verify_publication
 from batchgen.retry import latest_attempts
-from batchgen.shards import expected_ids, merge_shards, select_shard, shard_dir, shard_of
-from tests.unit.test_assemble_publish import COLUMNS, generated, make_items, with_verdicts
+from batchgen.shards import expected_ids, select_shard, shard_dir, shard_of
+from tests.publications import generated, merge, publish_frames
+from tests.unit.test_assemble_publish import COLUMNS, make_items, with_verdicts
 
 
 def loaded(n: int, rejected: int = 0) -> LoadedItems:
@@ -62,7 +63,8 @@ def _publish_shard(out, index, count, ids, rejected_ids=()):
                            "rejected_by_reason": {"keyword": len(rejected_ids)}},
                 "tokens": {"prompt": 10, "output": 5, "generated_this_run": 5},
                 "timings_seconds": {"engine_calls": 1.0}, "flow_run_id": f"run-{index}"}
-    publish(shard_dir(out, index, count), result.accepted, result.rejected, attempts, [], manifest, jsonl=False)
+    publish_frames(shard_dir(out, index, count), result.accepted, result.rejected, attempts, [], manifest,
+                   jsonl=False)
 
 
 def test_merge_publishes_every_item_once_or_refuses(tmp_path):
@@ -70,8 +72,8 @@ def test_merge_publishes_every_item_once_or_refuses(tmp_path):
     _publish_shard(out, 0, 2, ["a", "b"], ["c"])
     _publish_shard(out, 1, 2, ["d"], [])
     dirs = [shard_dir(out, i, 2) for i in range(2)]
-    written, staging = merge_shards(out, dirs, ["a", "b", "c", "d"], {"job": "merged"}, jsonl=False)
-    commit(out, staging)
+    written, staging = merge(out, dirs, ["a", "b", "c", "d"], {"job": "merged"}, jsonl=False)
+    staging.commit()
     manifest = verify_publication(current_publication(out))
     assert manifest["counts"]["items"] == 4 and manifest["counts"]["accepted"] == 3
     assert manifest["counts"]["rejected_by_reason"] == {"keyword": 1}
@@ -80,10 +82,10 @@ def test_merge_publishes_every_item_once_or_refuses(tmp_path):
     assert sorted(results["item_id"]) == ["a", "b", "d"]
 
     with pytest.raises(LostItemsError, match="1 items missing"):
-        merge_shards(out, dirs, ["a", "b", "c", "d", "e"], {}, jsonl=False)
+        merge(out, dirs, ["a", "b", "c", "d", "e"], {}, jsonl=False)
     _publish_shard(out, 1, 2, ["d", "a"], [])  # a shard that also published another shard's item
     with pytest.raises(LostItemsError, match="1 published twice"):
-        merge_shards(out, dirs, ["a", "b", "c", "d"], {}, jsonl=False)
+        merge(out, dirs, ["a", "b", "c", "d"], {}, jsonl=False)
 
 
 def test_merge_copies_tables_in_batches_with_the_same_rows(tmp_path, monkeypatch):
@@ -104,8 +106,8 @@ def test_merge_copies_tables_in_batches_with_the_same_rows(tmp_path, monkeypatch
 
     monkeypatch.setattr(shards, "BATCH_ROWS", 4)
     monkeypatch.setattr(shards, "_pieces", counted)
-    _, staging = merge_shards(out, dirs, first + second + ["ra", "rb1", "rb2"], {"job": "merged"}, jsonl=True)
-    commit(out, staging)
+    _, staging = merge(out, dirs, first + second + ["ra", "rb1", "rb2"], {"job": "merged"}, jsonl=True)
+    staging.commit()
     manifest = verify_publication(current_publication(out))
     assert max(pieces) == 4  # no piece larger than a batch
     results = pd.read_parquet(current_publication(out) / RESULTS)

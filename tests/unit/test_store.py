@@ -1,0 +1,68 @@
+"""The result store: durable commits of generated attempts, keyed by request, read back by a rerun."""
+
+from __future__ import annotations
+
+import logging
+
+import pyarrow.parquet as pq
+
+from batchgen.records import ATTEMPT_SCHEMA
+from batchgen.store import ResultStore
+from tests.publications import generated
+
+def test_store_commit_and_load_round_trip(tmp_path):
+    store = ResultStore(tmp_path / "store")
+    first = generated("p1", ["a", "b"]) + generated("p2", ["星辰保温杯"])
+    second = generated("p3", ["c"], finish=["length"])
+    store.commit(first)
+    store.commit(second)
+    store.commit([])  # nothing to commit writes nothing
+
+    done = store.load()
+
+    assert len(list((tmp_path / "store").glob("chunk-*.parquet"))) == 2
+    assert sorted(done) == sorted({r.request_key for r in first + second})
+    assert done["key-p1-1-None"] == first[:2]  # both candidates of one request, every field kept
+    assert done["key-p2-1-None"] == first[2:]
+    assert done["key-p3-1-None"] == second
+    for chunk in (tmp_path / "store").glob("chunk-*.parquet"):  # exactly the columns of an attempt
+        assert pq.read_schema(chunk).equals(ATTEMPT_SCHEMA)
+
+
+def test_store_loads_only_the_keys_asked_for(tmp_path):
+    store = ResultStore(tmp_path / "store")
+    first = generated("p1", ["a", "b"]) + generated("p2", ["c"])
+    second = generated("p3", ["d"])
+    store.commit(first)
+    store.commit(second)
+
+    done = store.load({"key-p1-1-None", "key-p3-1-None", "key-never-committed"})
+
+    assert sorted(done) == ["key-p1-1-None", "key-p3-1-None"]  # p2 is committed but not asked for
+    assert done["key-p1-1-None"] == first[:2] and done["key-p3-1-None"] == second
+    assert dict(store.load(set())) == {}
+
+
+def test_store_of_a_missing_folder_is_empty(tmp_path):
+    assert dict(ResultStore(tmp_path / "never-written").load()) == {}
+
+
+def test_unreadable_chunk_is_skipped_with_a_warning(tmp_path, caplog):
+    store = ResultStore(tmp_path / "store")
+    store.commit(generated("p1", ["a"]))
+    (tmp_path / "store" / "chunk-x.parquet").write_bytes(b"\x00garbage, not a parquet file\xff" * 4)
+    (tmp_path / "store" / "chunk-y.parquet").write_bytes(b"")
+
+    with caplog.at_level(logging.WARNING, logger="batchgen.store"):
+        done = store.load()
+
+    assert list(done) == ["key-p1-1-None"]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("chunk-x.parquet" in m and "unreadable" in m for m in warned)
+    assert any("chunk-y.parquet" in m for m in warned)
+
+
+def test_store_commit_leaves_no_temporary_files(tmp_path):
+    store = ResultStore(tmp_path / "store")
+    store.commit(generated("p1", ["a"]))
+    assert [p.name for p in (tmp_path / "store").iterdir() if p.name.startswith(".")] == []
