@@ -1,0 +1,32 @@
+"""The run report: `report.html` (offline, charts embedded) and GX Data Docs in a publication directory.
+
+Everything here is a function of the publication directory alone (manifest.json, the Parquet tables,
+validation.json), so `batchgen report RUN_DIR` rebuilds exactly what the publish step wrote. The modules:
+`read` (the publication), `figures` (its numbers), `charts` (their images), `page` (the HTML page and the
+markdown), `datadocs` (GX's Data Docs site) and `offline_docs` (that site, rewritten to read offline).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from batchgen.files import write_text as write_text_atomic
+from batchgen.report.datadocs import DATA_DOCS, build_data_docs
+from batchgen.report.page import REPORT, figures_markdown, render_html
+from batchgen.report.read import NotAPublicationError, load_publication
+
+__all__ = ["DATA_DOCS", "REPORT", "NotAPublicationError", "load_publication", "report_markdown", "write_report"]
+
+
+def write_report(run_dir: Path) -> Path:
+    """Build `data_docs/` and `report.html` in a publication directory; returns the report's path."""
+    pub = load_publication(Path(run_dir))
+    docs = build_data_docs(pub)
+    path = pub.root / REPORT
+    write_text_atomic(render_html(pub, docs), path)
+    return path
+
+
+def report_markdown(run_dir: Path) -> str:
+    """The report's figures as markdown (the Prefect artifact of the publish step)."""
+    return figures_markdown(load_publication(Path(run_dir)))

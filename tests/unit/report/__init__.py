@@ -1,0 +1,1 @@
+"""Tests of batchgen.report, one module per module of the package."""
