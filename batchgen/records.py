@@ -191,9 +191,9 @@ class _Model(BaseModel):
     __hash__ = None  # type: ignore[assignment]
 
 
-class Tally(_Model):
-    """The additive counts of a set of items: the tallies of disjoint windows (or shards) of a run sum to the
-    run's with `+`."""
+class Counts(_Model):
+    """A manifest's counts: additive, so the counts of disjoint windows (or shards) of a run sum to the run's with
+    `+`."""
 
     items: int = 0
     accepted: int = 0
@@ -207,12 +207,10 @@ class Tally(_Model):
     rejected_by_reason: dict[str, int] = {}
     rescued: int = 0  # accepted on a later attempt
     rescued_by_reason: dict[str, int] = {}
-    prompt_tokens: int = 0
-    output_tokens: int = 0
 
-    def __add__(self, other: Tally) -> Tally:
+    def __add__(self, other: Counts) -> Counts:
         values = {}
-        for name, info in type(self).model_fields.items():
+        for name in type(self).model_fields:
             mine, theirs = getattr(self, name), getattr(other, name)
             if isinstance(mine, dict):
                 summed = Counter(mine)
@@ -220,7 +218,7 @@ class Tally(_Model):
                 values[name] = dict(sorted(summed.items()))
             else:
                 values[name] = mine + theirs
-        return Tally(**values)
+        return type(self)(**values)
 
     def rates(self) -> Rates:
         def share(part: int, whole: int) -> float | None:
@@ -230,26 +228,15 @@ class Tally(_Model):
                      truncation_first_pass=share(self.truncated_first_pass, self.generated_items),
                      truncation_final=share(self.truncated_final, self.generated_items))
 
+
+class Tally(Counts):
+    """The counts of a set of items with their token sums (which the manifest keeps under `tokens`)."""
+
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
     def counts(self) -> Counts:
-        """The manifest's counts (the token sums go to its tokens)."""
         return Counts(**self.model_dump(exclude={"prompt_tokens", "output_tokens"}))
-
-
-class Counts(_Model):
-    """A manifest's counts: a Tally without its token sums."""
-
-    items: int = 0
-    accepted: int = 0
-    rejected: int = 0
-    generated_items: int = 0
-    truncated_first_pass: int = 0
-    truncated_final: int = 0
-    attempts: int = 0
-    retry_attempts: int = 0
-    reused: int = 0
-    rejected_by_reason: dict[str, int] = {}
-    rescued: int = 0
-    rescued_by_reason: dict[str, int] = {}
 
 
 class Rates(_Model):

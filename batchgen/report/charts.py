@@ -133,7 +133,7 @@ def chart_throughput(rates: pd.DataFrame, average: float | None = None) -> str:
 def report_charts(pub: Publication) -> list[dict[str, str]]:
     """The page's four charts, in order, as {title, src}."""
     bounds = pub.expectations
-    average = (pub.manifest.get("tokens") or {}).get("output_per_second")
+    average = pub.manifest.tokens.output_per_second
     return [
         {"title": "Finish reasons per attempt", "src": chart_finish_reasons(finish_reasons_per_attempt(pub))},
         {"title": "Output length against the expected bounds",

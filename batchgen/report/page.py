@@ -6,6 +6,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
+from batchgen.records import Manifest
 from batchgen.report.charts import report_charts
 from batchgen.report.datadocs import DATA_DOCS
 from batchgen.report.figures import finish_reasons_per_attempt, output_lengths, pass_rates, samples, throughput
@@ -92,7 +93,7 @@ PAGE = """<!doctype html>
 <h2>Rescued by retries</h2>
 <p class="muted">Accepted items whose published candidate failed on an earlier attempt, by the reason it failed.</p>
 <table id="rescued"><tr><th>reason</th><th>items</th></tr>
-{% for reason, n in m.counts.get('rescued_by_reason', {}).items() %}
+{% for reason, n in m.counts.rescued_by_reason.items() %}
  <tr><td>{{ reason }}</td><td class="n" data-rescued="{{ reason }}">{{ n }}</td></tr>
 {% else %}<tr><td colspan="2" class="muted">none</td></tr>{% endfor %}
 </table>
@@ -145,20 +146,20 @@ def _when(iso: str | None) -> str:
     return datetime.fromisoformat(iso).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def cards(manifest: dict[str, Any]) -> list[tuple[str, str, Any]]:
+def cards(manifest: Manifest) -> list[tuple[str, str, Any]]:
     """The key counts, as (manifest key, label, value shown)."""
-    counts, rates, tokens = manifest["counts"], manifest["rates"], manifest["tokens"]
+    counts, tokens = manifest.counts, manifest.tokens
     return [
-        ("items", "items", counts["items"]),
-        ("accepted", f"accepted ({_pct(rates.get('pass_rate'))})", counts["accepted"]),
-        ("rejected", "rejected", counts["rejected"]),
-        ("truncated_first_pass", "cut off, first pass", counts["truncated_first_pass"]),
-        ("truncated_final", "cut off, final", counts["truncated_final"]),
-        ("retry_attempts", "retry attempts", counts["retry_attempts"]),
-        ("rescued", "accepted after a retry", counts.get("rescued", 0)),
-        ("reused", "reused from earlier commits", counts["reused"]),
-        ("generated_this_run", "output tokens this run", tokens["generated_this_run"]),
-        ("output_per_second", "output tokens/s", tokens["output_per_second"]),
+        ("items", "items", counts.items),
+        ("accepted", f"accepted ({_pct(manifest.rates.pass_rate)})", counts.accepted),
+        ("rejected", "rejected", counts.rejected),
+        ("truncated_first_pass", "cut off, first pass", counts.truncated_first_pass),
+        ("truncated_final", "cut off, final", counts.truncated_final),
+        ("retry_attempts", "retry attempts", counts.retry_attempts),
+        ("rescued", "accepted after a retry", counts.rescued),
+        ("reused", "reused from earlier commits", counts.reused),
+        ("generated_this_run", "output tokens this run", tokens.generated_this_run),
+        ("output_per_second", "output tokens/s", tokens.output_per_second),
     ]
 
 
@@ -172,7 +173,7 @@ def render_html(pub: Publication, docs: dict[str, Any] | None) -> str:
     return env.from_string(PAGE).render(
         m=m, cards=cards(m), charts=report_charts(pub), expectations=pass_rates(pub.validation), accepted=accepted,
         rejected=rejected, pct=_pct, when=_when, docs=docs, settings=settings(m),
-        keyword=pub.expectations.get("keyword_column"), prompt=m.get("prompt") or {},
+        keyword=pub.expectations.get("keyword_column"), prompt=m.prompt,
     )
 
 
@@ -180,25 +181,23 @@ def _shown(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
 
 
-def settings(manifest: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
+def settings(manifest: Manifest) -> list[tuple[str, list[tuple[str, str]]]]:
     """What the run ran with, as (group, [(name, value)]): model, engine (and what vLLM loaded), sampling,
     retry, expectations, input. Unset (null) values are left out."""
-    model = manifest.get("model") or {}
-    loaded = manifest.get("engine_loaded") or {}
+    model, loaded = manifest.model, manifest.engine_loaded or {}
     package = model.get("package") or {}
     hub = model.get("hub") or {}
     model_rows = [("name", model.get("name")), ("source", model.get("source")),
                   ("package", f"{package.get('name')} {package.get('version')}" if package else None),
                   ("hub revision", hub.get("revision")), ("files SHA-256", model.get("files_sha256"))]
-    engine_rows = [(k, v) for k, v in (manifest.get("engine") or {}).items()]
+    engine_rows = list(manifest.engine.items())
     engine_rows += [("dtype vLLM loaded", loaded.get("dtype")), ("max_model_len vLLM used", loaded.get("max_model_len"))]
-    source = manifest.get("input_file") or {}
-    input_rows = [(k, v) for k, v in (manifest.get("input") or {}).items()]
+    source = manifest.input_file or {}
+    input_rows = list(manifest.input.items())
     input_rows += [("file size (bytes)", source.get("size_bytes")), ("file SHA-256", source.get("sha256"))]
     groups = [("model", model_rows), ("engine", engine_rows),
-              ("sampling", list((manifest.get("sampling") or {}).items())),
-              ("retry", list((manifest.get("retry") or {}).items())),
-              ("expectations", list((manifest.get("expectations") or {}).items())), ("input", input_rows)]
+              ("sampling", list(manifest.sampling.items())), ("retry", list(manifest.retry.items())),
+              ("expectations", list(manifest.expectations.items())), ("input", input_rows)]
     return [(group, [(name, _shown(value)) for name, value in rows if value not in (None, [], {})])
             for group, rows in groups]
 

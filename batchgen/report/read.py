@@ -19,7 +19,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pydantic import ValidationError
+
 from batchgen.publish import ATTEMPTS, MANIFEST, REJECTED, RESULTS, VALIDATION
+from batchgen.records import Manifest
 from batchgen.schema import INPUT_COLUMN_KEY
 
 SAMPLE_SIZE = 10
@@ -35,7 +38,7 @@ class Publication:
     """What the report shows of a publication: its manifest and GX results, and aggregates of its tables."""
 
     root: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     validation: list[dict[str, Any]]
     finish: pd.DataFrame  # outputs per (attempt, finish reason)
     lengths: pd.DataFrame  # chars, status: one row per published output with a text
@@ -46,12 +49,15 @@ class Publication:
     expectations: dict[str, Any]  # the job's expectation settings (bounds, keyword column); {} when not recorded
 
 
-def read_manifest(root: Path) -> dict[str, Any]:
+def read_manifest(root: Path) -> Manifest:
     """The publication's manifest.json: the one place the report opens it."""
     manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
     if not isinstance(manifest, dict) or "counts" not in manifest:
         raise NotAPublicationError(f"{root / MANIFEST} has no counts: not a batchgen manifest")
-    return manifest
+    try:
+        return Manifest.model_validate(manifest)
+    except ValidationError as exc:
+        raise NotAPublicationError(f"{root / MANIFEST} is not a batchgen manifest: {exc}") from None
 
 
 def _batches(path: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
@@ -148,8 +154,8 @@ def load_publication(run_dir: Path) -> Publication:
     try:
         manifest = read_manifest(root)
         validation = json.loads((root / VALIDATION).read_text(encoding="utf-8"))
-        started = datetime.fromisoformat(manifest["started_at"]) if manifest.get("started_at") else None
-        expectations = manifest.get("expectations") or {}
+        started = datetime.fromisoformat(manifest.started_at) if manifest.started_at else None
+        expectations = manifest.expectations
         finish, chunks = _attempt_aggregates(root / ATTEMPTS, started)
         lengths = pd.concat([pd.DataFrame({"chars": _lengths(root / RESULTS, "accepted"), "status": "accepted"}),
                              pd.DataFrame({"chars": _lengths(root / REJECTED, "rejected"), "status": "rejected"})],
