@@ -224,6 +224,7 @@ class Publication:
         self.id_column = id_column  # the input's id column: published as item_id, not again
         self.totals = RunTotals()
         self.opened = time.perf_counter()
+        self.opened_at = datetime.now(timezone.utc)
         self.windows_done: float | None = None  # when the last window was added, before sealing
         self.manifest: Manifest | None = None
         self.committed = False

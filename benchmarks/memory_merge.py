@@ -61,24 +61,26 @@ def shard_tables(ids: list[str]) -> dict:
 
 def write_shards(root: Path, n: int) -> tuple[list[Path], list[str]]:
     """Two shard publications of n items in all, committed the way a shard's run commits its own."""
-    from batchgen.publish import REJECTED, RESULTS, commit, stage_tables
-    from batchgen.shards import SUMMED, shard_dir
+    from batchgen.publish import REJECTED, RESULTS, Publication
+    from batchgen.records import Manifest
+    from batchgen.shards import shard_dir
 
     ids = [f"p{j:07d}" for j in range(n)]
     dirs = []
     for index in range(SHARDS):
         mine = ids[index::SHARDS]
         tables = shard_tables(mine)
-        counts = {key: 0 for key in SUMMED}
         accepted, rejected = tables[RESULTS].num_rows, tables[REJECTED].num_rows
-        counts.update(items=len(mine), accepted=accepted, rejected=rejected, generated_items=len(mine),
+        counts = dict(items=len(mine), accepted=accepted, rejected=rejected, generated_items=len(mine),
                       attempts=2 * len(mine), rejected_by_reason={"truncated": rejected})
-        manifest = {"job": "memory-merge", "counts": counts, "flow_run_id": f"shard-{index}",
-                    "tokens": {"prompt": 80 * len(mine), "output": 192 * len(mine), "generated_this_run": 0},
-                    "timings_seconds": {"engine_calls": 1.0}}
+        manifest = Manifest.model_validate({
+            "job": "memory-merge", "counts": counts, "flow_run_id": f"shard-{index}",
+            "tokens": {"prompt": 80 * len(mine), "output": 192 * len(mine), "generated_this_run": 0},
+            "timings_seconds": {"engine_calls": 1.0}})
         directory = shard_dir(root / "out", index, SHARDS)
-        _, staging = stage_tables(directory, tables, [], manifest, jsonl=True)
-        commit(directory, staging)
+        with Publication.open(directory, jsonl=True) as publication:
+            publication.seal(manifest, [], tables={name: (t.schema, [t]) for name, t in tables.items()})
+            publication.commit()
         dirs.append(directory)
     return dirs, ids
 
@@ -88,24 +90,28 @@ def merge_whole(out: Path, dirs: list[Path], manifest: dict) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, current_publication, stage_tables
+    from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, Publication, current_publication
+    from batchgen.records import Manifest
 
     names = (RESULTS, REJECTED, ATTEMPTS)
     tables = {name: pa.concat_tables([pq.read_table(current_publication(d) / name) for d in dirs],
                                      promote_options="permissive") for name in names}
-    stage_tables(out, tables, [], manifest, jsonl=True)
+    with Publication.open(out, jsonl=True) as publication:
+        publication.seal(Manifest.model_validate(manifest), [], tables={n: (t.schema, [t]) for n, t in tables.items()})
 
 
 def measure(method: str, root: Path, n: int) -> dict:
     import psutil
 
+    from batchgen.publish import Publication
     from batchgen.shards import merge_shards, shard_dir
 
     dirs = [shard_dir(root / "out", i, SHARDS) for i in range(SHARDS)]
     ids = [f"p{j:07d}" for j in range(n)]
     before = psutil.Process().memory_info().rss
     if method == "batchgen":
-        merge_shards(root / "out", dirs, ids, {"job": "memory-merge"}, jsonl=True)
+        with Publication.open(root / "out", jsonl=True) as publication:
+            merge_shards(publication, dirs, ids, {"job": "memory-merge"})
     else:
         merge_whole(root / "out", dirs, {"job": "memory-merge"})
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux

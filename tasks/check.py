@@ -9,7 +9,7 @@ from batchgen.job import JobSpec
 from batchgen.preflight import check_cpu_limits, check_engine, check_output_dir, check_sampling
 
 
-@task(name="check-job", cache_policy=NO_CACHE)
+@task(name="check-job", cache_policy=NO_CACHE, task_run_name="check-job")
 def check_job_task(job: JobSpec) -> None:
     """The output folder, the model and its context length, and the sampling values by vLLM's own rules.
 

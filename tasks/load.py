@@ -11,7 +11,7 @@ from batchgen.shards import select_shard
 
 
 # Inputs are files that may change under the same path: never served from a cache.
-@task(name="load-items", cache_policy=NO_CACHE)
+@task(name="load-items", cache_policy=NO_CACHE, task_run_name="load-items")
 def load_items_task(job: JobSpec) -> LoadedItems:
     """Read the input file; unusable rows become rejections. After `batchgen run`'s checks, their load of the
     same unchanged file is taken instead of parsing it again."""

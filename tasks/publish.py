@@ -62,14 +62,15 @@ def stage_window_task(job: JobSpec, publication: Publication, window: Window, pr
     return counted
 
 
-@task(name="publish", cache_policy=NO_CACHE)
+@task(name="publish", cache_policy=NO_CACHE, task_run_name="publish")
 def publish_task(job: JobSpec, publication: Publication, started_at: datetime) -> Manifest:
     """Join the windows' rows into the accepted, rejected and attempts tables, add the GX results, the dataset card,
     the manifest and the report; switch `current` to it."""
     totals = publication.totals
-    before_publish = publication.windows_done or time.perf_counter()
-    manifest = build_manifest(job, totals, totals.timings(publication.opened, before_publish), started_at,
-                              flow_run.get_id(), flow_run.get_flow_name())
+    # The timings count from the flow's start (`started_at`), on the clock the tasks' figures use.
+    started = publication.opened - (publication.opened_at - started_at).total_seconds()
+    timings = totals.timings(started, publication.windows_done or time.perf_counter())
+    manifest = build_manifest(job, totals, timings, started_at, flow_run.get_id(), flow_run.get_flow_name())
     written = publication.seal(manifest, [merge_results(results) for results in totals.validation])
     check_published_once(publication.staging, totals.tally.items)
     finish_publication(job, publication, _artifact_key(job.name), f"{job.name}: run summary", "publish")

@@ -1,0 +1,38 @@
+"""The flow's steps as the Prefect UI shows them: one task run per step, named by its window and pass."""
+
+from __future__ import annotations
+
+import asyncio
+
+from batchgen.job import job_from_dict
+from tests.conftest import product_job
+from tests.flows.test_batch_generation_flow import stand_in  # noqa: F401  (fixture)
+
+
+def test_task_runs_are_named_by_window_and_pass(tmp_path, prefect_server, stand_in):  # noqa: F811
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.batch_generation import batch_generation
+
+    job = job_from_dict(product_job(tmp_path, 12, expectations={"keyword_column": None}, retry={"max_passes": 2},
+                                    window_size=6, windows_in_flight=2))
+    manifest = batch_generation(job)
+    assert manifest.counts.items == 12 and manifest.counts.accepted == 12
+
+    async def task_runs():
+        async with get_client() as client:
+            return await client.read_task_runs(flow_run_filter=FlowRunFilter(
+                id=FlowRunFilterId(any_=[manifest.flow_run_id])))
+
+    runs = asyncio.run(task_runs())
+    assert all(run.state.is_completed() for run in runs)
+    names = sorted(run.name for run in runs)
+    # two windows of 6; everything is cut off at 12 tokens, the first retry pass ends every output, the second
+    # pass finds nothing to retry (its plan runs, no generate follows)
+    expected = ["check-job", "load-items", "publish"]
+    for window in ("w1", "w2"):
+        expected += [f"build-prompts-{window}", f"generate-{window}", f"validate-{window}",
+                     f"plan-retry-{window}-retry1", f"generate-{window}-retry1", f"validate-{window}-retry1",
+                     f"plan-retry-{window}-retry2", f"stage-window-{window}"]
+    assert names == sorted(expected)
