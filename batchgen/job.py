@@ -491,7 +491,7 @@ class ExpectationsSpec(_Section):
                 raise ValueError(f"{where}: {entry.name!r} is used twice; give each an id of its own")
             seen.add(entry.name)
         if self.gx:
-            from expectations.suite import gx_expectation  # GX is imported only for a job that names one
+            from batchgen.gx_expectations import gx_expectation  # GX is imported only for a job that names one
 
             for number, entry in enumerate(self.gx):
                 try:
@@ -553,7 +553,7 @@ class OutputSpec(_Section):
     def _no_credentials_in_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from batchgen.remote import check_url  # the rules live with the code that opens the URL
+        from batchgen.urls import check_url
 
         return check_url(value)
 

@@ -22,55 +22,19 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from batchgen.publish import MANIFEST, PUBLICATIONS, verify_publication
+from batchgen.urls import check_url, masked
 
 CURRENT_JSON = "current.json"
-SCHEMES = {"s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "file"}
-_SECRET_PARAMS = ("key", "secret", "token", "password", "credential", "signature")
 
 
 class RemoteError(RuntimeError):
     """Shared storage that cannot be written or read, or a publication there that does not verify."""
-
-
-def _masked(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None and not parts.query:
-        return url
-    host = parts.hostname or ""
-    return f"{parts.scheme}://***@{host}{parts.path}" + ("?***" if parts.query else "")
-
-
-def check_url(url: str) -> str:
-    """The URL itself if it is usable as `output.publish_to`; ValueError (without the secret) otherwise."""
-    url = url.strip()
-    if not url:
-        raise ValueError("is empty; give an object-store URL such as s3://bucket/prefix, or remove the field")
-    if "://" not in url:
-        if not Path(url).is_absolute():
-            raise ValueError(f"{url!r} is neither a URL (s3://bucket/prefix) nor an absolute path")
-        return url
-    parts = urlsplit(url)
-    if parts.username is not None or parts.password is not None:
-        raise ValueError(f"{_masked(url)}: credentials must not be written into the job file; remove "
-                         "'user:password@' and set them in the environment (AWS_ACCESS_KEY_ID and "
-                         "AWS_SECRET_ACCESS_KEY for s3://)")
-    secret = [name for name, _ in parse_qsl(parts.query) if any(word in name.lower() for word in _SECRET_PARAMS)]
-    if secret:
-        raise ValueError(f"{_masked(url)}: credentials must not be written into the job file; remove "
-                         f"{', '.join(sorted(set(secret)))} from the URL and set them in the environment")
-    if parts.scheme.lower() not in SCHEMES:
-        raise ValueError(f"{url}: unsupported scheme {parts.scheme!r}; use one of "
-                         f"{', '.join(sorted(SCHEMES))}, or an absolute path")
-    if parts.scheme.lower() in {"s3", "gs", "gcs"} and not parts.netloc:
-        raise ValueError(f"{url}: no bucket; expected {parts.scheme}://bucket/prefix")
-    return url
 
 
 def open_url(url: str) -> tuple[pafs.FileSystem, str]:
@@ -79,7 +43,7 @@ def open_url(url: str) -> tuple[pafs.FileSystem, str]:
     try:
         filesystem, root = pafs.FileSystem.from_uri(url)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, ValueError) as exc:
-        raise RemoteError(f"{_masked(url)}: cannot open: {exc}") from None
+        raise RemoteError(f"{masked(url)}: cannot open: {exc}") from None
     return filesystem, root.rstrip("/")
 
 
@@ -127,7 +91,7 @@ def upload_publication(local_dir: Path, url: str, keep: int | None = None) -> di
     local_dir = Path(local_dir)
     manifest = verify_publication(local_dir)
     publication = manifest.get("publication") or local_dir.name
-    shown = _masked(url)
+    shown = masked(url)
     filesystem, root = open_url(url)
     _check_root(filesystem, root, shown)
     destination = f"{root}/{PUBLICATIONS}/{publication}"
@@ -174,9 +138,9 @@ def read_current_record(url: str) -> dict[str, Any]:
     try:
         return json.loads(_read(filesystem, f"{root}/{CURRENT_JSON}"))
     except FileNotFoundError:
-        raise RemoteError(f"{_masked(url)}: nothing published yet (no {CURRENT_JSON})") from None
+        raise RemoteError(f"{masked(url)}: nothing published yet (no {CURRENT_JSON})") from None
     except (OSError, ValueError) as exc:
-        raise RemoteError(f"{_masked(url)}: cannot read {CURRENT_JSON}: {exc}") from None
+        raise RemoteError(f"{masked(url)}: cannot read {CURRENT_JSON}: {exc}") from None
 
 
 def read_publication(url: str, publication: str, manifest_sha256: str | None = None,
@@ -190,7 +154,7 @@ def read_publication(url: str, publication: str, manifest_sha256: str | None = N
 def read_publication_files(url: str, publication: str, manifest_sha256: str | None = None,
                            ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The manifest and {name: bytes} of every file it lists, each checked against its SHA-256."""
-    shown = _masked(url)
+    shown = masked(url)
     filesystem, root = open_url(url)
     base = f"{root}/{PUBLICATIONS}/{publication}"
     try:

@@ -144,9 +144,10 @@ def saved_files(root: Path) -> list[str]:
 
 
 def _resolve_url(url: str, fmt: str | None) -> tuple[list[InputFile], str | None]:
-    from batchgen.remote import RemoteError, _masked, open_url
+    from batchgen.remote import RemoteError, open_url
+    from batchgen.urls import masked
 
-    shown = _masked(url)
+    shown = masked(url)
     scheme = url.split("://", 1)[0]
     try:
         filesystem, root = open_url(url)
