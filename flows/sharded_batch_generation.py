@@ -30,7 +30,7 @@ from batchgen.job import JobSpec
 from batchgen.shards import expected_ids, merge_shards, shard_dir, shard_url
 from flows.batch_generation import override_pairs, resolve_job
 from tasks.publish import finish_publication
-from tasks.zombies import ensure_crash_detection
+from deployments.crash_detection import ensure_crash_detection
 
 DEFAULT_DEPLOYMENT = "batch-generation/product-descriptions"
 
