@@ -78,12 +78,13 @@ PARSERS = {
 Check = Callable[[Optional[int], Optional[float]], Optional[tuple[str, str]]]
 
 
-def vllm_check(sampling: SamplingSpec) -> Check:
-    """The installed vLLM's verdict on a row's (max_tokens, temperature), asked once per distinct pair."""
+def vllm_check(sampling: SamplingSpec, model_config: Any = None, tokenizer: Any = None) -> Check:
+    """The installed vLLM's verdict on a row's (max_tokens, temperature), asked once per distinct pair; with the
+    model's config and tokenizer, vLLM's checks against the model too."""
     from batchgen.vllm_checks import sampling_problem
 
     return functools.lru_cache(maxsize=4096)(
-        lambda max_tokens, temperature: sampling_problem(sampling, max_tokens=max_tokens, temperature=temperature))
+        lambda max_tokens, temperature: sampling_problem(sampling, model_config, tokenizer, max_tokens, temperature))
 
 
 def apply_overrides(built: BuiltPrompts, items: pd.DataFrame, sampling: SamplingSpec,
