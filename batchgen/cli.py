@@ -32,6 +32,8 @@ SetOpt = Annotated[
     Optional[list[str]],
     typer.Option("--set", help="Override a job field, e.g. --set sampling.max_tokens=64 (repeatable)."),
 ]
+DeploymentNameOpt = Annotated[Optional[str], typer.Option(help="Deployment name; the job's name by default.")]
+IntervalOpt = Annotated[Optional[int], typer.Option(min=1, help="Or a schedule every N seconds.")]
 
 
 THIRD_PARTY = r"(vllm|torch|transformers|great_expectations|prefect|pydantic|huggingface_hub|triton)(\.|$)"
@@ -389,9 +391,9 @@ def ui(
 @app.command()
 def serve(
     job: JobArg,
-    name: Annotated[Optional[str], typer.Option(help="Deployment name; the job's name by default.")] = None,
+    name: DeploymentNameOpt = None,
     cron: Annotated[Optional[str], typer.Option(help='A cron schedule, e.g. "0 2 * * *" (UTC).')] = None,
-    interval: Annotated[Optional[int], typer.Option(min=1, help="Or a schedule every N seconds.")] = None,
+    interval: IntervalOpt = None,
     limit: LimitOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -403,13 +405,10 @@ def serve(
     """
     _quiet_libraries(False)
     spec = _load(job, limit, set_)
+    from deployments.register import deployment_parameters
     from flows.batch_generation import batch_generation
 
-    parameters: dict = {"job": str(job.resolve())}
-    if limit:
-        parameters["limit"] = limit
-    if set_:
-        parameters["overrides"] = list(set_)
+    parameters = deployment_parameters(job, limit, set_)
     batch_generation.serve(name=name or spec.name, parameters=parameters, cron=cron, interval=interval,
                            limit=1, description=f"{spec.name}: served by `batchgen serve {job}`")
 
@@ -417,9 +416,9 @@ def serve(
 @app.command()
 def deploy(
     job: JobArg,
-    name: Annotated[Optional[str], typer.Option(help="Deployment name; the job's name by default.")] = None,
+    name: DeploymentNameOpt = None,
     cron: Annotated[Optional[str], typer.Option(help='A cron schedule, e.g. "0 2 * * *".')] = None,
-    interval: Annotated[Optional[int], typer.Option(min=1, help="Or a schedule every N seconds.")] = None,
+    interval: IntervalOpt = None,
     timezone: Annotated[str, typer.Option(help="Time zone of the cron schedule.")] = "UTC",
     pool: Annotated[str, typer.Option(help="Work pool whose workers run it (a process pool is created when "
                                            "missing).")] = "batchgen",

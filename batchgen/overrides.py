@@ -38,14 +38,19 @@ def _blank(value: Any) -> bool:
         return False
 
 
+def _number(value: Any, expected: str) -> float:
+    """A cell's value as a float (text, int or float; not a bool); ValueError "... is not {expected}" otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not {expected}")
+    try:
+        return float(value.strip()) if isinstance(value, str) else float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{value!r} is not {expected}") from None
+
+
 def parse_max_tokens(value: Any, sampling: SamplingSpec) -> int:
     """A row's max_tokens: a whole number >= 1 and >= sampling.min_tokens (text, int or integral float)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a whole number")
-    try:
-        number = float(value.strip()) if isinstance(value, str) else float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{value!r} is not a whole number") from None
+    number = _number(value, "a whole number")
     if not math.isfinite(number) or number != int(number):
         raise ValueError(f"{value!r} is not a whole number")
     budget = int(number)
@@ -58,12 +63,7 @@ def parse_max_tokens(value: Any, sampling: SamplingSpec) -> int:
 
 def parse_temperature(value: Any) -> float:
     """A row's temperature: a finite number >= 0."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a number")
-    try:
-        number = float(value.strip()) if isinstance(value, str) else float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{value!r} is not a number") from None
+    number = _number(value, "a number")
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"{value!r} is not a number >= 0")
     return number

@@ -151,29 +151,32 @@ def read_publication(url: str, publication: str, manifest_sha256: str | None = N
                       if name.endswith(".parquet")}
 
 
+def _read_file(filesystem: pafs.FileSystem, base: str, publication: str, name: str, shown: str, missing: str,
+               ) -> bytes:
+    """The bytes of one file of a publication at the URL; RemoteError `missing` when it is not there."""
+    try:
+        return _read(filesystem, f"{base}/{name}")
+    except FileNotFoundError:
+        raise RemoteError(f"{shown}: {missing}") from None
+    except OSError as exc:
+        raise RemoteError(f"{shown}: cannot read {publication}/{name}: {exc}") from None
+
+
 def read_publication_files(url: str, publication: str, manifest_sha256: str | None = None,
                            ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The manifest and {name: bytes} of every file it lists, each checked against its SHA-256."""
     shown = masked(url)
     filesystem, root = open_url(url)
     base = f"{root}/{PUBLICATIONS}/{publication}"
-    try:
-        raw = _read(filesystem, f"{base}/{MANIFEST}")
-    except FileNotFoundError:
-        raise RemoteError(f"{shown}: publication {publication} has no {MANIFEST}") from None
-    except OSError as exc:
-        raise RemoteError(f"{shown}: cannot read {publication}/{MANIFEST}: {exc}") from None
+    raw = _read_file(filesystem, base, publication, MANIFEST, shown,
+                     missing=f"publication {publication} has no {MANIFEST}")
     if manifest_sha256 is not None and _sha256(raw) != manifest_sha256:
         raise RemoteError(f"{shown}: {publication}/{MANIFEST} does not match the SHA-256 in {CURRENT_JSON}")
     manifest = json.loads(raw)
     files: dict[str, bytes] = {}
     for name, entry in manifest.get("files", {}).items():
-        try:
-            data = _read(filesystem, f"{base}/{name}")
-        except FileNotFoundError:
-            raise RemoteError(f"{shown}: {publication}/{name} is listed in the manifest but missing") from None
-        except OSError as exc:
-            raise RemoteError(f"{shown}: cannot read {publication}/{name}: {exc}") from None
+        data = _read_file(filesystem, base, publication, name, shown,
+                          missing=f"{publication}/{name} is listed in the manifest but missing")
         if _sha256(data) != entry["sha256"]:
             raise RemoteError(f"{shown}: {publication}/{name} does not match its SHA-256 in the manifest")
         files[name] = data
