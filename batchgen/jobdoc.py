@@ -34,7 +34,7 @@ def job_schema() -> dict[str, Any]:
     """The job file's JSON Schema (draft 2020-12), as pydantic derives it from JobSpec; `sampling` also names the
     installed vLLM's other SamplingParams fields (passed through, their types checked when the job loads), and
     nothing else, so an editor flags a misspelt field as load_job does."""
-    from batchgen.job import MANAGED_PARAMS, vllm_sampling_fields
+    from batchgen.vllm_sampling import MANAGED_PARAMS, vllm_sampling_fields
 
     schema = JobSpec.model_json_schema()
     sampling = schema["$defs"]["SamplingSpec"]
