@@ -16,7 +16,7 @@ import pandas as pd
 
 from batchgen.items import Rejection
 from batchgen.job import JobError, SamplingSpec
-from batchgen.prompts import BuiltPrompts
+from batchgen.prompts import BuiltPrompts, is_blank
 
 
 def check_override_columns(sampling: SamplingSpec, columns: list[str]) -> None:
@@ -25,17 +25,6 @@ def check_override_columns(sampling: SamplingSpec, columns: list[str]) -> None:
         if columns and column not in columns:  # no columns: no row could be read, each is rejected for that
             raise JobError(f"sampling.overrides.{name}: {column!r} is not a column of the input "
                            f"(columns: {', '.join(columns) or 'none'})")
-
-
-def _blank(value: Any) -> bool:
-    if value is None:
-        return True
-    if isinstance(value, str):
-        return not value.strip()
-    try:
-        return bool(pd.isna(value))
-    except (TypeError, ValueError):
-        return False
 
 
 def _number(value: Any, expected: str) -> float:
@@ -109,7 +98,7 @@ def apply_overrides(built: BuiltPrompts, items: pd.DataFrame, sampling: Sampling
         problems, parsed = [], {}
         for name, column in sampling.overrides.items():
             cell = cells[column][at]
-            if _blank(cell):
+            if is_blank(cell):
                 parsed[name] = None
                 continue
             try:
