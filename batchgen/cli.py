@@ -34,6 +34,7 @@ SetOpt = Annotated[
 ]
 DeploymentNameOpt = Annotated[Optional[str], typer.Option(help="Deployment name; the job's name by default.")]
 IntervalOpt = Annotated[Optional[int], typer.Option(min=1, help="Or a schedule every N seconds.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show library logs too.")]
 
 
 THIRD_PARTY = r"(vllm|torch|transformers|great_expectations|prefect|pydantic|huggingface_hub|triton)(\.|$)"
@@ -119,12 +120,19 @@ def _preflight(spec, model: bool = True):
         return preflight(spec, model=model)
 
 
+def _batch_flow(retries: int | None):
+    """The batch-generation flow; with --retries, Prefect retries the whole flow run that many times."""
+    from flows.batch_generation import batch_generation
+
+    return batch_generation if retries is None else batch_generation.with_options(retries=retries)
+
+
 @app.command()
 def run(
     job: JobArg,
     limit: LimitOpt = None,
     set_: SetOpt = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show library logs too.")] = False,
+    verbose: VerboseOpt = False,
     retries: Annotated[Optional[int], typer.Option(
         "--retries", min=0, help="Retries of the whole run after a failure (default 1); each resumes from "
         "the committed results.")] = None,
@@ -135,11 +143,8 @@ def run(
     # Before a Prefect server and an engine are started for nothing, and before the flow's
     # retry would repeat a failure that no retry can mend: the same checks as `check`.
     _preflight(spec)
-    from flows.batch_generation import batch_generation
-
     with _user_errors(run_failed=""):
-        flow_fn = batch_generation if retries is None else batch_generation.with_options(retries=retries)
-        manifest = flow_fn(spec)
+        manifest = _batch_flow(retries)(spec)
     counts = manifest["counts"]
     from batchgen.report import REPORT
 
@@ -333,7 +338,7 @@ def run_batch(
     max_num_seqs: Annotated[Optional[int], typer.Option(min=1, help="engine.max_num_seqs.")] = None,
     retries: Annotated[Optional[int], typer.Option(
         "--retries", min=0, help="Retries of each group's run after a failure (default 1).")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show library logs too.")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run an OpenAI Batch file (the flags of `vllm run-batch`) through the batch-generation flow.
 
@@ -350,9 +355,7 @@ def run_batch(
         base = openai_batch.base_job(job, engine)
 
     def flow_fn(spec):  # Prefect and the flow are imported once a group runs: a bad file fails fast
-        from flows.batch_generation import batch_generation
-
-        return (batch_generation if retries is None else batch_generation.with_options(retries=retries))(spec)
+        return _batch_flow(retries)(spec)
 
     with _user_errors(run_failed=" (run the same command again to resume)"):
         summary = openai_batch.run_batch_file(
