@@ -51,7 +51,8 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _read(filesystem: pafs.FileSystem, path: str) -> bytes:
+def read_bytes(filesystem: pafs.FileSystem, path: str) -> bytes:
+    """The whole file at `path` of a pyarrow file system."""
     with filesystem.open_input_stream(path) as handle:
         return handle.read()
 
@@ -136,7 +137,7 @@ def read_current_record(url: str) -> dict[str, Any]:
     """What `<url>/current.json` holds."""
     filesystem, root = open_url(url)
     try:
-        return json.loads(_read(filesystem, f"{root}/{CURRENT_JSON}"))
+        return json.loads(read_bytes(filesystem, f"{root}/{CURRENT_JSON}"))
     except FileNotFoundError:
         raise RemoteError(f"{masked(url)}: nothing published yet (no {CURRENT_JSON})") from None
     except (OSError, ValueError) as exc:
@@ -155,7 +156,7 @@ def _read_file(filesystem: pafs.FileSystem, base: str, publication: str, name: s
                ) -> bytes:
     """The bytes of one file of a publication at the URL; RemoteError `missing` when it is not there."""
     try:
-        return _read(filesystem, f"{base}/{name}")
+        return read_bytes(filesystem, f"{base}/{name}")
     except FileNotFoundError:
         raise RemoteError(f"{shown}: {missing}") from None
     except OSError as exc:
