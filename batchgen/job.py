@@ -639,17 +639,21 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def _anchor_paths(data: dict[str, Any], base_dir: Path) -> None:
     """Relative input and output paths are relative to the job file, not the working directory."""
+
+    def anchored(value: Any) -> Any:
+        if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
+            return str((base_dir / value).resolve())
+        return value
+
     engine = data.get("engine")
     if isinstance(engine, dict) and isinstance(engine.get("lora_adapters"), dict):
-        engine["lora_adapters"] = {name: str((base_dir / folder).resolve()) if isinstance(folder, str)
-                                   and "://" not in folder and not Path(folder).is_absolute() else folder
-                                   for name, folder in engine["lora_adapters"].items()}
+        engine["lora_adapters"] = {name: anchored(folder) for name, folder in engine["lora_adapters"].items()}
     for section, key in (("input", "path"), ("output", "dir"), ("output", "publish_to"), ("prompt", "chat_template")):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         if key == "chat_template" and isinstance(value, str) and is_template_text(value):
             continue  # a template given inline
-        if isinstance(value, str) and value and "://" not in value and not Path(value).is_absolute():
-            data[section][key] = str((base_dir / value).resolve())
+        if value:
+            data[section][key] = anchored(value)
 
 
 def job_from_dict(data: dict[str, Any], base_dir: Path | None = None, source: str = "job",
