@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from great_expectations.expectations.expectation import ColumnMapExpectation, ColumnPairMapExpectation, \
-    Expectation, MulticolumnMapExpectation
+from great_expectations.expectations.expectation import (
+    ColumnMapExpectation,
+    ColumnPairMapExpectation,
+    Expectation,
+    MulticolumnMapExpectation,
+)
 
 if TYPE_CHECKING:
     from batchgen.job import GxExpectationSpec

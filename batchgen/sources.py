@@ -18,8 +18,8 @@ import glob
 import io
 import json
 import os
-from pathlib import Path
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import IO, Any
 
 import pyarrow as pa
