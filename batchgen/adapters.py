@@ -15,7 +15,7 @@ import pandas as pd
 
 from batchgen.items import Rejection
 from batchgen.job import EngineSpec, JobError
-from batchgen.prompts import BuiltPrompts
+from batchgen.prompts import BuiltPrompts, is_blank
 
 
 def check_adapter_column(spec: EngineSpec, columns: list[str]) -> None:
@@ -23,11 +23,6 @@ def check_adapter_column(spec: EngineSpec, columns: list[str]) -> None:
     if spec.lora_column and columns and spec.lora_column not in columns:
         raise JobError(f"engine.lora_column: {spec.lora_column!r} is not a column of the input "
                        f"(columns: {', '.join(columns)})")
-
-
-def _blank(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and value != value) or (isinstance(value, str)
-                                                                             and not value.strip())
 
 
 def apply_adapters(built: BuiltPrompts, items: pd.DataFrame, spec: EngineSpec, columns: list[str]) -> BuiltPrompts:
@@ -41,7 +36,7 @@ def apply_adapters(built: BuiltPrompts, items: pd.DataFrame, spec: EngineSpec, c
     keep, names, rejected = [], [], list(built.rejected)
     for position, item_id in enumerate(prompts["item_id"].tolist()):
         cell = rows.at[item_id, spec.lora_column]
-        name = spec.lora if _blank(cell) else str(cell).strip()
+        name = spec.lora if is_blank(cell) else str(cell).strip()
         if name is not None and name not in spec.lora_adapters:
             number = int(rows.at[item_id, "row_number"])
             rejected.append(Rejection(str(item_id), number, "prompt", ["invalid_override"],

@@ -32,6 +32,9 @@ SetOpt = Annotated[
     Optional[list[str]],
     typer.Option("--set", help="Override a job field, e.g. --set sampling.max_tokens=64 (repeatable)."),
 ]
+DeploymentNameOpt = Annotated[Optional[str], typer.Option(help="Deployment name; the job's name by default.")]
+IntervalOpt = Annotated[Optional[int], typer.Option(min=1, help="Or a schedule every N seconds.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show library logs too.")]
 
 
 THIRD_PARTY = r"(vllm|torch|transformers|great_expectations|prefect|pydantic|huggingface_hub|triton)(\.|$)"
@@ -117,12 +120,19 @@ def _preflight(spec, model: bool = True):
         return preflight(spec, model=model)
 
 
+def _batch_flow(retries: int | None):
+    """The batch-generation flow; with --retries, Prefect retries the whole flow run that many times."""
+    from flows.batch_generation import batch_generation
+
+    return batch_generation if retries is None else batch_generation.with_options(retries=retries)
+
+
 @app.command()
 def run(
     job: JobArg,
     limit: LimitOpt = None,
     set_: SetOpt = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show library logs too.")] = False,
+    verbose: VerboseOpt = False,
     retries: Annotated[Optional[int], typer.Option(
         "--retries", min=0, help="Retries of the whole run after a failure (default 1); each resumes from "
         "the committed results.")] = None,
@@ -133,11 +143,8 @@ def run(
     # Before a Prefect server and an engine are started for nothing, and before the flow's
     # retry would repeat a failure that no retry can mend: the same checks as `check`.
     _preflight(spec)
-    from flows.batch_generation import batch_generation
-
     with _user_errors(run_failed=""):
-        flow_fn = batch_generation if retries is None else batch_generation.with_options(retries=retries)
-        manifest = flow_fn(spec)
+        manifest = _batch_flow(retries)(spec)
     counts = manifest.counts
     from batchgen.report import REPORT
 
@@ -331,7 +338,7 @@ def run_batch(
     max_num_seqs: Annotated[Optional[int], typer.Option(min=1, help="engine.max_num_seqs.")] = None,
     retries: Annotated[Optional[int], typer.Option(
         "--retries", min=0, help="Retries of each group's run after a failure (default 1).")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show library logs too.")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run an OpenAI Batch file (the flags of `vllm run-batch`) through the batch-generation flow.
 
@@ -348,9 +355,7 @@ def run_batch(
         base = openai_batch.base_job(job, engine)
 
     def flow_fn(spec):  # Prefect and the flow are imported once a group runs: a bad file fails fast
-        from flows.batch_generation import batch_generation
-
-        return (batch_generation if retries is None else batch_generation.with_options(retries=retries))(spec)
+        return _batch_flow(retries)(spec)
 
     with _user_errors(run_failed=" (run the same command again to resume)"):
         summary = openai_batch.run_batch_file(
@@ -389,9 +394,9 @@ def ui(
 @app.command()
 def serve(
     job: JobArg,
-    name: Annotated[Optional[str], typer.Option(help="Deployment name; the job's name by default.")] = None,
+    name: DeploymentNameOpt = None,
     cron: Annotated[Optional[str], typer.Option(help='A cron schedule, e.g. "0 2 * * *" (UTC).')] = None,
-    interval: Annotated[Optional[int], typer.Option(min=1, help="Or a schedule every N seconds.")] = None,
+    interval: IntervalOpt = None,
     limit: LimitOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -403,13 +408,10 @@ def serve(
     """
     _quiet_libraries(False)
     spec = _load(job, limit, set_)
+    from deployments.register import deployment_parameters
     from flows.batch_generation import batch_generation
 
-    parameters: dict = {"job": str(job.resolve())}
-    if limit:
-        parameters["limit"] = limit
-    if set_:
-        parameters["overrides"] = list(set_)
+    parameters = deployment_parameters(job, limit, set_)
     batch_generation.serve(name=name or spec.name, parameters=parameters, cron=cron, interval=interval,
                            limit=1, description=f"{spec.name}: served by `batchgen serve {job}`")
 
@@ -417,9 +419,9 @@ def serve(
 @app.command()
 def deploy(
     job: JobArg,
-    name: Annotated[Optional[str], typer.Option(help="Deployment name; the job's name by default.")] = None,
+    name: DeploymentNameOpt = None,
     cron: Annotated[Optional[str], typer.Option(help='A cron schedule, e.g. "0 2 * * *".')] = None,
-    interval: Annotated[Optional[int], typer.Option(min=1, help="Or a schedule every N seconds.")] = None,
+    interval: IntervalOpt = None,
     timezone: Annotated[str, typer.Option(help="Time zone of the cron schedule.")] = "UTC",
     pool: Annotated[str, typer.Option(help="Work pool whose workers run it (a process pool is created when "
                                            "missing).")] = "batchgen",

@@ -65,7 +65,7 @@ def sampling_params(kwargs: dict[str, Any]) -> Any:
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from batchgen.job import vllm_values
+    from batchgen.vllm_sampling import vllm_values
 
     kwargs = vllm_values(dict(kwargs))
     if kwargs.get("structured_outputs") is not None:

@@ -225,63 +225,63 @@ def _parse_csv(path: InputFile, reader: Any, limit: int | None) -> tuple[_Column
     return table, []
 
 
+def _json_objects(entries: Iterator[tuple[str, str, Any]], limit: int | None) -> tuple[_Columns, list[Rejection]]:
+    """The rows of a JSON-lines or JSON-array file from its (row label, where, value) entries, one per data row:
+    an object is a row; anything else (or a line that is not JSON: a JSONDecodeError value) is a rejected row
+    (invalid_json). Stops at `limit` rows (input.limit: the rest of the file is not read)."""
+    table, rejected, row = _Columns(), [], 0
+    for label, where, value in entries:
+        row += 1
+        if isinstance(value, dict):
+            table.add_row(value, row)
+            if limit is not None and len(table) >= limit:
+                break
+            continue
+        detail = value.msg if isinstance(value, json.JSONDecodeError) else \
+            f"expected a JSON object, got {type(value).__name__}"
+        rejected.append(Rejection(label, row, "load", ["invalid_json"], f"{where}: {detail}"))
+    table.seen = row
+    return table, rejected
+
+
+def _jsonl_entries(handle: Any) -> Iterator[tuple[str, str, Any]]:
+    for number, line in enumerate(handle, start=1):
+        if not line.strip():
+            continue  # a blank line is no data row
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            value = exc
+        yield f"line-{number}", f"line {number}", value
+
+
 def _read_jsonl(path: InputFile, limit: int | None = None) -> tuple[_Columns, list[Rejection]]:
-    table, rejected = _Columns(), []
-    row = 0  # data rows so far: every line that is not blank, readable or not
     try:
         # newline="\n": lines end at \n only; JSON strings may hold U+2028 and other characters
         # splitlines() breaks on
         with _open_text(path, newline="\n") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                row += 1
-                try:
-                    value = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    rejected.append(Rejection(f"line-{number}", row, "load", ["invalid_json"],
-                                              f"line {number}: {exc.msg}"))
-                    continue
-                if not isinstance(value, dict):
-                    rejected.append(
-                        Rejection(f"line-{number}", row, "load", ["invalid_json"],
-                                  f"line {number}: expected a JSON object, got {type(value).__name__}")
-                    )
-                    continue
-                table.add_row(value, row)
-                if limit is not None and len(table) >= limit:
-                    break  # input.limit: the rest of the file is not read
+            table, rejected = _json_objects(_jsonl_entries(handle), limit)
     except UnicodeDecodeError:
         raise _not_utf8(path) from None
-    if not len(table) and not rejected:
+    if not table.seen:
         raise DataError(f"{path}: input file has no rows")
-    table.seen = row
     return table, rejected
 
 
 def _read_json(path: InputFile, limit: int | None = None) -> tuple[_Columns, list[Rejection]]:
     """A JSON array of objects, decoded one element at a time (`json_elements`); an element that is not an
     object is a rejected row (invalid_json), as a JSONL line is."""
-    table, rejected, row = _Columns(), [], 0
     try:
         with _open_text(path, newline="") as handle:
-            for line, value in json_elements(handle):
-                row += 1
-                if not isinstance(value, dict):
-                    rejected.append(Rejection(f"element-{row}", row, "load", ["invalid_json"],
-                                              f"element {row} (line {line}): expected a JSON object, "
-                                              f"got {type(value).__name__}"))
-                    continue
-                table.add_row(value, row)
-                if limit is not None and len(table) >= limit:
-                    break  # input.limit: the rest of the file is not read
+            entries = ((f"element-{row}", f"element {row} (line {line})", value)
+                       for row, (line, value) in enumerate(json_elements(handle), start=1))
+            table, rejected = _json_objects(entries, limit)
     except UnicodeDecodeError:
         raise _not_utf8(path) from None
     except ValueError as exc:
         raise DataError(f"{path}: {exc}") from None
-    if not row:
+    if not table.seen:
         raise DataError(f"{path}: input file has no rows (an empty JSON array)")
-    table.seen = row
     return table, rejected
 
 

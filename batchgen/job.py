@@ -15,6 +15,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from batchgen.records import ACCEPTED_FIELDS, OPTIONAL_RESULT_SCHEMA
+from batchgen.vllm_sampling import passthrough_problem
+
 
 class JobError(ValueError):
     """A job that cannot run. The message names the field and says why."""
@@ -202,38 +205,6 @@ SELECTIONS = ("first_passing", "max_logprob", "all")
 OVERRIDABLE = ("max_tokens", "temperature")
 STRUCTURED = ("json_schema", "regex", "choice", "grammar")  # sampling fields that constrain decoding
 
-# SamplingParams fields batchgen sets itself, and why a job may not.
-MANAGED_PARAMS = {
-    "output_kind": "batchgen takes each request's outputs once it is finished",
-    "stream_interval": "batchgen takes each request's outputs once it is finished",
-    "skip_clone": "batchgen shares one SamplingParams between requests, so vLLM must copy it",
-    "output_text_buffer_length": "it is vLLM's internal state",
-    "detokenize": "outputs are validated and published as text",
-    "structured_outputs": "use sampling.json_schema, regex, choice or grammar",
-}
-
-
-def vllm_values(values: dict[str, Any]) -> dict[str, Any]:
-    """A job's values of SamplingParams fields as vLLM types them: a list for a numpy-array field becomes one."""
-    import msgspec
-    from vllm.sampling_params import SamplingParams
-
-    arrays = {f.name for f in msgspec.structs.fields(SamplingParams) if "ndarray" in str(f.type)}
-    if not arrays & set(values):
-        return values
-    import numpy as np
-
-    return {k: np.asarray(v) if k in arrays and v is not None else v for k, v in values.items()}
-
-
-def vllm_sampling_fields() -> list[str]:
-    """The public fields of the installed vLLM's SamplingParams (read from the class, not listed here)."""
-    import msgspec
-    from vllm.sampling_params import SamplingParams
-
-    return [f.name for f in msgspec.structs.fields(SamplingParams) if not f.name.startswith("_")]
-
-
 class SamplingSpec(_Section):
     # Any other field of vllm.SamplingParams is accepted under its own name (checked against the installed
     # vLLM's class, types included) and passed through; see `passthrough`.
@@ -380,30 +351,12 @@ class SamplingSpec(_Section):
         return next(((name, getattr(self, name)) for name in STRUCTURED if getattr(self, name) is not None), None)
 
     def _check_passthrough(self) -> None:
-        extra = self.passthrough
-        if not extra:
+        if not self.passthrough:
             return  # vLLM is imported only for a job that names one of its other fields
-        valid = vllm_sampling_fields()
-        for name in extra:
-            if name in MANAGED_PARAMS:
-                raise ValueError(f"{AT}{name}: set by batchgen, not by the job ({MANAGED_PARAMS[name]})")
-            if name not in valid:
-                own = sorted(set(SamplingSpec.model_fields) | (set(valid) - set(MANAGED_PARAMS)))
-                raise ValueError(f"{AT}{name}: unknown field {name!r}: neither a batchgen sampling field nor a field "
-                                 f"of the installed vLLM's SamplingParams; valid names: {', '.join(own)}")
-        import msgspec
-        from vllm.sampling_params import SamplingParams
-
-        try:  # vLLM's own field types (msgspec), before any engine exists
-            msgspec.convert(vllm_values(extra), SamplingParams, strict=False)
-        except msgspec.ValidationError as exc:
-            where = re.search(r"`\$\.(\w+)", str(exc))
-            message = str(exc).replace("`$.", "`sampling.").replace(" - at `key` in", " in a key of")
-            if where:
-                message = f"{AT}{where.group(1)}: " + message.replace(f" - at `sampling.{where.group(1)}`", "")
-            raise ValueError(message) from None
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"vLLM refuses {', '.join(extra)}: {exc}") from None
+        problem = passthrough_problem(self.passthrough, SamplingSpec.model_fields)
+        if problem is not None:
+            name, message = problem
+            raise ValueError(f"{AT}{name}: {message}" if name else message)
 
     @property
     def needs_logprob(self) -> bool:
@@ -491,7 +444,7 @@ class ExpectationsSpec(_Section):
                 raise ValueError(f"{where}: {entry.name!r} is used twice; give each an id of its own")
             seen.add(entry.name)
         if self.gx:
-            from expectations.suite import gx_expectation  # GX is imported only for a job that names one
+            from batchgen.gx_expectations import gx_expectation  # GX is imported only for a job that names one
 
             for number, entry in enumerate(self.gx):
                 try:
@@ -553,7 +506,7 @@ class OutputSpec(_Section):
     def _no_credentials_in_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from batchgen.remote import check_url  # the rules live with the code that opens the URL
+        from batchgen.urls import check_url
 
         return check_url(value)
 
@@ -587,9 +540,8 @@ class JobSpec(_Section):
 
     @model_validator(mode="after")
     def _structured_columns_free(self) -> JobSpec:
-        from batchgen.assemble import ACCEPTED_FIELDS  # the published columns a JSON field must not shadow
-
-        reserved = set(ACCEPTED_FIELDS) | {"n_candidates", "n_passing", "selection", "temperature", "logprobs"}
+        # the published columns a JSON field must not shadow
+        reserved = set(ACCEPTED_FIELDS) | set(OPTIONAL_RESULT_SCHEMA.names)
         for name in (self.sampling.json_schema or {}).get("properties", {}):
             if name in reserved:
                 raise ValueError(f"sampling.json_schema: property {name!r} would be published as a column, but "
@@ -687,17 +639,21 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def _anchor_paths(data: dict[str, Any], base_dir: Path) -> None:
     """Relative input and output paths are relative to the job file, not the working directory."""
+
+    def anchored(value: Any) -> Any:
+        if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
+            return str((base_dir / value).resolve())
+        return value
+
     engine = data.get("engine")
     if isinstance(engine, dict) and isinstance(engine.get("lora_adapters"), dict):
-        engine["lora_adapters"] = {name: str((base_dir / folder).resolve()) if isinstance(folder, str)
-                                   and "://" not in folder and not Path(folder).is_absolute() else folder
-                                   for name, folder in engine["lora_adapters"].items()}
+        engine["lora_adapters"] = {name: anchored(folder) for name, folder in engine["lora_adapters"].items()}
     for section, key in (("input", "path"), ("output", "dir"), ("output", "publish_to"), ("prompt", "chat_template")):
         value = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         if key == "chat_template" and isinstance(value, str) and is_template_text(value):
             continue  # a template given inline
-        if isinstance(value, str) and value and "://" not in value and not Path(value).is_absolute():
-            data[section][key] = str((base_dir / value).resolve())
+        if value:
+            data[section][key] = anchored(value)
 
 
 def job_from_dict(data: dict[str, Any], base_dir: Path | None = None, source: str = "job",

@@ -34,7 +34,7 @@ def job_schema() -> dict[str, Any]:
     """The job file's JSON Schema (draft 2020-12), as pydantic derives it from JobSpec; `sampling` also names the
     installed vLLM's other SamplingParams fields (passed through, their types checked when the job loads), and
     nothing else, so an editor flags a misspelt field as load_job does."""
-    from batchgen.job import MANAGED_PARAMS, vllm_sampling_fields
+    from batchgen.vllm_sampling import MANAGED_PARAMS, vllm_sampling_fields
 
     schema = JobSpec.model_json_schema()
     sampling = schema["$defs"]["SamplingSpec"]
@@ -53,6 +53,11 @@ def schema_text() -> str:
     return json.dumps(job_schema(), indent=2, ensure_ascii=False) + "\n"
 
 
+def _is_section(annotation: Any) -> bool:
+    """A field whose type is a model of its own: a section of the job (a table of its own in the reference)."""
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
 def _type_name(annotation: Any) -> str:
     """A YAML reader's name for a field's type: `integer or null`, `one of: grow, continue`, `list of text`."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
@@ -68,7 +73,7 @@ def _type_name(annotation: Any) -> str:
         if typing.get_origin(key) is Literal:
             return f"mapping of {', '.join(f'`{k}`' for k in typing.get_args(key))} to {_type_name(value)}"
         return "mapping" if value is Any else f"mapping of text to {_type_name(value)}"
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if _is_section(annotation):
         return "section"
     return {str: "text", int: "integer", float: "number", bool: "boolean"}.get(annotation, "any")
 
@@ -104,10 +109,9 @@ def _cell(text: str) -> str:
 def _table(model: type[BaseModel], prefix: str) -> list[str]:
     lines = ["| field | type | default | bounds | description |", "| --- | --- | --- | --- | --- |"]
     for name, field in model.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if _is_section(field.annotation):
             continue  # a section: its own table
-        lines.append(f"| `{prefix}{name}` | {_cell(_type_name(annotation))} | {_default(field)} | "
+        lines.append(f"| `{prefix}{name}` | {_cell(_type_name(field.annotation))} | {_default(field)} | "
                      f"{_cell(_bounds(field))} | {_cell(field.description or '')} |")
     return lines
 
@@ -117,15 +121,13 @@ def missing_descriptions() -> list[str]:
     missing = []
     for section, model in [("", JobSpec), *_sections()]:
         for name, field in model.model_fields.items():
-            if not field.description and not (isinstance(field.annotation, type)
-                                              and issubclass(field.annotation, BaseModel)):
+            if not field.description and not _is_section(field.annotation):
                 missing.append(f"{section + '.' if section else ''}{name}")
     return missing
 
 
 def _sections() -> list[tuple[str, type[BaseModel]]]:
-    found = [(name, field.annotation) for name, field in JobSpec.model_fields.items()
-             if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)]
+    found = [(name, field.annotation) for name, field in JobSpec.model_fields.items() if _is_section(field.annotation)]
     order = {name: i for i, name in enumerate(SECTION_ORDER)}
     return sorted(found, key=lambda pair: order.get(pair[0], len(order)))
 

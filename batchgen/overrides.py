@@ -16,7 +16,7 @@ import pandas as pd
 
 from batchgen.items import Rejection
 from batchgen.job import JobError, SamplingSpec
-from batchgen.prompts import BuiltPrompts
+from batchgen.prompts import BuiltPrompts, is_blank
 
 
 def check_override_columns(sampling: SamplingSpec, columns: list[str]) -> None:
@@ -27,25 +27,19 @@ def check_override_columns(sampling: SamplingSpec, columns: list[str]) -> None:
                            f"(columns: {', '.join(columns) or 'none'})")
 
 
-def _blank(value: Any) -> bool:
-    if value is None:
-        return True
-    if isinstance(value, str):
-        return not value.strip()
+def _number(value: Any, expected: str) -> float:
+    """A cell's value as a float (text, int or float; not a bool); ValueError "... is not {expected}" otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not {expected}")
     try:
-        return bool(pd.isna(value))
+        return float(value.strip()) if isinstance(value, str) else float(value)
     except (TypeError, ValueError):
-        return False
+        raise ValueError(f"{value!r} is not {expected}") from None
 
 
 def parse_max_tokens(value: Any, sampling: SamplingSpec) -> int:
     """A row's max_tokens: a whole number >= 1 and >= sampling.min_tokens (text, int or integral float)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a whole number")
-    try:
-        number = float(value.strip()) if isinstance(value, str) else float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{value!r} is not a whole number") from None
+    number = _number(value, "a whole number")
     if not math.isfinite(number) or number != int(number):
         raise ValueError(f"{value!r} is not a whole number")
     budget = int(number)
@@ -58,12 +52,7 @@ def parse_max_tokens(value: Any, sampling: SamplingSpec) -> int:
 
 def parse_temperature(value: Any) -> float:
     """A row's temperature: a finite number >= 0."""
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a number")
-    try:
-        number = float(value.strip()) if isinstance(value, str) else float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{value!r} is not a number") from None
+    number = _number(value, "a number")
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"{value!r} is not a number >= 0")
     return number
@@ -78,12 +67,13 @@ PARSERS = {
 Check = Callable[[Optional[int], Optional[float]], Optional[tuple[str, str]]]
 
 
-def vllm_check(sampling: SamplingSpec) -> Check:
-    """The installed vLLM's verdict on a row's (max_tokens, temperature), asked once per distinct pair."""
+def vllm_check(sampling: SamplingSpec, model_config: Any = None, tokenizer: Any = None) -> Check:
+    """The installed vLLM's verdict on a row's (max_tokens, temperature), asked once per distinct pair; with the
+    model's config and tokenizer, vLLM's checks against the model too."""
     from batchgen.vllm_checks import sampling_problem
 
     return functools.lru_cache(maxsize=4096)(
-        lambda max_tokens, temperature: sampling_problem(sampling, max_tokens=max_tokens, temperature=temperature))
+        lambda max_tokens, temperature: sampling_problem(sampling, model_config, tokenizer, max_tokens, temperature))
 
 
 def apply_overrides(built: BuiltPrompts, items: pd.DataFrame, sampling: SamplingSpec,
@@ -108,7 +98,7 @@ def apply_overrides(built: BuiltPrompts, items: pd.DataFrame, sampling: Sampling
         problems, parsed = [], {}
         for name, column in sampling.overrides.items():
             cell = cells[column][at]
-            if _blank(cell):
+            if is_blank(cell):
                 parsed[name] = None
                 continue
             try:

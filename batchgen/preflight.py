@@ -11,7 +11,6 @@ overrides alike. A user's mistake raises JobError (the job) or DataError (the in
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import json
 import os
@@ -19,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from batchgen.adapters import apply_adapters, check_adapter_column
 from batchgen.items import DataError, LoadedItems, keep_for_next_load, load_items
 from batchgen.job import EngineSpec, JobError, JobSpec, OutputSpec, SamplingSpec
 from batchgen.models import ModelError, ModelRef
-from batchgen.overrides import apply_overrides, check_override_columns
-from batchgen.prompts import BuiltPrompts, build_prompts, check_keyword_column, check_template_columns
+from batchgen.overrides import vllm_check
+from batchgen.prepare import check_columns, render_prompts
+from batchgen.prompts import BuiltPrompts
 from batchgen.vllm_checks import cpu_problem, first_sentence, sampling_problem
 
 __all__ = ["Checked", "DataError", "JobError", "check_engine", "check_output_dir", "check_sampling", "preflight",
@@ -149,22 +148,14 @@ def preflight(spec: JobSpec, model: bool = True) -> Checked | None:
         from batchgen.shards import select_shard
 
         loaded = select_shard(loaded, spec.input.shard_index, spec.input.shard_count)
-    check_template_columns(spec.prompt, loaded.columns, spec.input.path)
-    check_keyword_column(spec.expectations.keyword_column, loaded.columns)
-    check_override_columns(spec.sampling, loaded.columns)
-    check_adapter_column(spec.engine, loaded.columns)
+    check_columns(spec, loaded.columns)
     check_cpu_limits(spec)
     if not model:
         check_sampling(spec.sampling)
         return None
     ref, tokenizer, max_len, config = check_engine(spec.engine)
     check_sampling(spec.sampling, config, tokenizer)
-    built = build_prompts(loaded.items, spec.prompt, tokenizer, max_len, loaded.columns,
-                          spec.expectations.keyword_column)
-    row_check = functools.lru_cache(maxsize=4096)(
-        lambda max_tokens, temperature: sampling_problem(spec.sampling, config, tokenizer, max_tokens, temperature))
-    built = apply_overrides(built, loaded.items, spec.sampling, loaded.columns, check=row_check)
-    built = apply_adapters(built, loaded.items, spec.engine, loaded.columns)
+    built = render_prompts(spec, loaded, tokenizer, max_len, check=vllm_check(spec.sampling, config, tokenizer))
     return Checked(loaded=loaded, built=built, model=ref, max_model_len=max_len, tokenizer=tokenizer)
 
 

@@ -99,7 +99,8 @@ def check_keyword_column(column: str | None, columns: list[str]) -> None:
         )
 
 
-def _is_blank(value: Any) -> bool:
+def is_blank(value: Any) -> bool:
+    """An empty cell: None, NaN / NA, or text of only spaces (a list or a dict is never blank)."""
     if value is None:
         return True
     try:
@@ -323,7 +324,7 @@ def build_prompts(
         if problem:
             _reject(rejected, item_id, number, "wrong_type", problem, values)
             continue
-        blank = [name for name in fields if _is_blank(values.get(name))]
+        blank = [name for name in fields if is_blank(values.get(name))]
         if blank:
             _reject(rejected, item_id, number, "missing_field", f"{', '.join(blank)} is empty", values)
             continue

@@ -22,55 +22,19 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from batchgen.publish import MANIFEST, PUBLICATIONS, verify_publication
+from batchgen.urls import check_url, masked
 
 CURRENT_JSON = "current.json"
-SCHEMES = {"s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "file"}
-_SECRET_PARAMS = ("key", "secret", "token", "password", "credential", "signature")
 
 
 class RemoteError(RuntimeError):
     """Shared storage that cannot be written or read, or a publication there that does not verify."""
-
-
-def _masked(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None and not parts.query:
-        return url
-    host = parts.hostname or ""
-    return f"{parts.scheme}://***@{host}{parts.path}" + ("?***" if parts.query else "")
-
-
-def check_url(url: str) -> str:
-    """The URL itself if it is usable as `output.publish_to`; ValueError (without the secret) otherwise."""
-    url = url.strip()
-    if not url:
-        raise ValueError("is empty; give an object-store URL such as s3://bucket/prefix, or remove the field")
-    if "://" not in url:
-        if not Path(url).is_absolute():
-            raise ValueError(f"{url!r} is neither a URL (s3://bucket/prefix) nor an absolute path")
-        return url
-    parts = urlsplit(url)
-    if parts.username is not None or parts.password is not None:
-        raise ValueError(f"{_masked(url)}: credentials must not be written into the job file; remove "
-                         "'user:password@' and set them in the environment (AWS_ACCESS_KEY_ID and "
-                         "AWS_SECRET_ACCESS_KEY for s3://)")
-    secret = [name for name, _ in parse_qsl(parts.query) if any(word in name.lower() for word in _SECRET_PARAMS)]
-    if secret:
-        raise ValueError(f"{_masked(url)}: credentials must not be written into the job file; remove "
-                         f"{', '.join(sorted(set(secret)))} from the URL and set them in the environment")
-    if parts.scheme.lower() not in SCHEMES:
-        raise ValueError(f"{url}: unsupported scheme {parts.scheme!r}; use one of "
-                         f"{', '.join(sorted(SCHEMES))}, or an absolute path")
-    if parts.scheme.lower() in {"s3", "gs", "gcs"} and not parts.netloc:
-        raise ValueError(f"{url}: no bucket; expected {parts.scheme}://bucket/prefix")
-    return url
 
 
 def open_url(url: str) -> tuple[pafs.FileSystem, str]:
@@ -79,7 +43,7 @@ def open_url(url: str) -> tuple[pafs.FileSystem, str]:
     try:
         filesystem, root = pafs.FileSystem.from_uri(url)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError, ValueError) as exc:
-        raise RemoteError(f"{_masked(url)}: cannot open: {exc}") from None
+        raise RemoteError(f"{masked(url)}: cannot open: {exc}") from None
     return filesystem, root.rstrip("/")
 
 
@@ -87,7 +51,8 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _read(filesystem: pafs.FileSystem, path: str) -> bytes:
+def read_bytes(filesystem: pafs.FileSystem, path: str) -> bytes:
+    """The whole file at `path` of a pyarrow file system."""
     with filesystem.open_input_stream(path) as handle:
         return handle.read()
 
@@ -127,7 +92,7 @@ def upload_publication(local_dir: Path, url: str, keep: int | None = None) -> di
     local_dir = Path(local_dir)
     manifest = verify_publication(local_dir)
     publication = manifest.publication or local_dir.name
-    shown = _masked(url)
+    shown = masked(url)
     filesystem, root = open_url(url)
     _check_root(filesystem, root, shown)
     destination = f"{root}/{PUBLICATIONS}/{publication}"
@@ -172,11 +137,11 @@ def read_current_record(url: str) -> dict[str, Any]:
     """What `<url>/current.json` holds."""
     filesystem, root = open_url(url)
     try:
-        return json.loads(_read(filesystem, f"{root}/{CURRENT_JSON}"))
+        return json.loads(read_bytes(filesystem, f"{root}/{CURRENT_JSON}"))
     except FileNotFoundError:
-        raise RemoteError(f"{_masked(url)}: nothing published yet (no {CURRENT_JSON})") from None
+        raise RemoteError(f"{masked(url)}: nothing published yet (no {CURRENT_JSON})") from None
     except (OSError, ValueError) as exc:
-        raise RemoteError(f"{_masked(url)}: cannot read {CURRENT_JSON}: {exc}") from None
+        raise RemoteError(f"{masked(url)}: cannot read {CURRENT_JSON}: {exc}") from None
 
 
 def read_publication(url: str, publication: str, manifest_sha256: str | None = None,
@@ -187,29 +152,32 @@ def read_publication(url: str, publication: str, manifest_sha256: str | None = N
                       if name.endswith(".parquet")}
 
 
+def _read_file(filesystem: pafs.FileSystem, base: str, publication: str, name: str, shown: str, missing: str,
+               ) -> bytes:
+    """The bytes of one file of a publication at the URL; RemoteError `missing` when it is not there."""
+    try:
+        return read_bytes(filesystem, f"{base}/{name}")
+    except FileNotFoundError:
+        raise RemoteError(f"{shown}: {missing}") from None
+    except OSError as exc:
+        raise RemoteError(f"{shown}: cannot read {publication}/{name}: {exc}") from None
+
+
 def read_publication_files(url: str, publication: str, manifest_sha256: str | None = None,
                            ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The manifest and {name: bytes} of every file it lists, each checked against its SHA-256."""
-    shown = _masked(url)
+    shown = masked(url)
     filesystem, root = open_url(url)
     base = f"{root}/{PUBLICATIONS}/{publication}"
-    try:
-        raw = _read(filesystem, f"{base}/{MANIFEST}")
-    except FileNotFoundError:
-        raise RemoteError(f"{shown}: publication {publication} has no {MANIFEST}") from None
-    except OSError as exc:
-        raise RemoteError(f"{shown}: cannot read {publication}/{MANIFEST}: {exc}") from None
+    raw = _read_file(filesystem, base, publication, MANIFEST, shown,
+                     missing=f"publication {publication} has no {MANIFEST}")
     if manifest_sha256 is not None and _sha256(raw) != manifest_sha256:
         raise RemoteError(f"{shown}: {publication}/{MANIFEST} does not match the SHA-256 in {CURRENT_JSON}")
     manifest = json.loads(raw)
     files: dict[str, bytes] = {}
     for name, entry in manifest.get("files", {}).items():
-        try:
-            data = _read(filesystem, f"{base}/{name}")
-        except FileNotFoundError:
-            raise RemoteError(f"{shown}: {publication}/{name} is listed in the manifest but missing") from None
-        except OSError as exc:
-            raise RemoteError(f"{shown}: cannot read {publication}/{name}: {exc}") from None
+        data = _read_file(filesystem, base, publication, name, shown,
+                          missing=f"{publication}/{name} is listed in the manifest but missing")
         if _sha256(data) != entry["sha256"]:
             raise RemoteError(f"{shown}: {publication}/{name} does not match its SHA-256 in the manifest")
         files[name] = data

@@ -18,6 +18,7 @@ import glob
 import io
 import json
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -115,8 +116,8 @@ def _resolve_folder(path: str, fmt: str | None) -> tuple[list[InputFile], str | 
     if (root / "state.json").is_file() and (root / "dataset_info.json").is_file():
         return [InputFile(str(root / name)) for name in saved_files(root)], SAVED
     wanted = fmt or "parquet"
-    files = sorted(str(p) for p in root.rglob("*") if p.is_file() and _visible(str(p.relative_to(root)))
-                   and suffix_format(p.name) == wanted)
+    files = [str(root / name) for name in _tables((str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()),
+                                                  wanted)]
     if not files:
         raise SourceError(f"{path}: is a directory without {wanted} files (nor a datasets save_to_disk folder); "
                           f"input.path must name a file, a folder of Parquet files or a glob")
@@ -130,13 +131,22 @@ def _splits(root: Path) -> list[str]:
         return ["train"]
 
 
+def _saved_names(read_state: Callable[[], bytes], where: str) -> list[str]:
+    """The Arrow files a save_to_disk folder's state.json lists, in order."""
+    try:
+        return [entry["filename"] for entry in json.loads(read_state())["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SourceError(f"{where}: state.json of a datasets save_to_disk folder cannot be read: {exc}") from None
+
+
+def _tables(names: Iterable[str], wanted: str) -> list[str]:
+    """The files of a folder (names relative to it) that hold its table: visible ones of the wanted format, sorted."""
+    return sorted(name for name in names if _visible(name) and suffix_format(name) == wanted)
+
+
 def saved_files(root: Path) -> list[str]:
     """The Arrow files of a save_to_disk folder, in order (its state.json lists them)."""
-    try:
-        state = json.loads((root / "state.json").read_text(encoding="utf-8"))
-        names = [entry["filename"] for entry in state["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SourceError(f"{root}: state.json of a datasets save_to_disk folder cannot be read: {exc}") from None
+    names = _saved_names((root / "state.json").read_bytes, str(root))
     missing = [name for name in names if not (root / name).is_file()]
     if missing or not names:
         raise SourceError(f"{root}: the save_to_disk folder lacks its data files ({', '.join(missing) or 'none'})")
@@ -144,9 +154,10 @@ def saved_files(root: Path) -> list[str]:
 
 
 def _resolve_url(url: str, fmt: str | None) -> tuple[list[InputFile], str | None]:
-    from batchgen.remote import RemoteError, _masked, open_url
+    from batchgen.remote import RemoteError, open_url, read_bytes
+    from batchgen.urls import masked
 
-    shown = _masked(url)
+    shown = masked(url)
     scheme = url.split("://", 1)[0]
     try:
         filesystem, root = open_url(url)
@@ -172,16 +183,10 @@ def _resolve_url(url: str, fmt: str | None) -> tuple[list[InputFile], str | None
         raise SourceError(f"{shown}: cannot be read: {exc}") from None
     names = {i.path[len(root) + 1:]: i for i in infos if i.type == pafs.FileType.File}
     if "state.json" in names and "dataset_info.json" in names:
-        state = json.loads(_read(filesystem, f"{root}/state.json"))
-        return [InputFile(f"{root}/{e['filename']}", filesystem, name(f"{root}/{e['filename']}"))
-                for e in state.get("_data_files", [])], SAVED
+        saved = _saved_names(lambda: read_bytes(filesystem, f"{root}/state.json"), shown)
+        return [InputFile(f"{root}/{file}", filesystem, name(f"{root}/{file}")) for file in saved], SAVED
     wanted = fmt or "parquet"
-    files = sorted(f"{root}/{rel}" for rel in names if _visible(rel) and suffix_format(rel) == wanted)
+    files = [f"{root}/{rel}" for rel in _tables(names, wanted)]
     if not files:
         raise SourceError(f"{shown}: holds no {wanted} files (nor a datasets save_to_disk folder)")
     return [InputFile(p, filesystem, name(p)) for p in files], wanted
-
-
-def _read(filesystem: pafs.FileSystem, path: str) -> bytes:
-    with filesystem.open_input_stream(path) as handle:
-        return handle.read()

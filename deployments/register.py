@@ -78,6 +78,16 @@ def schedules_for(cron: str | None, interval: int | None, timezone: str) -> list
     return []
 
 
+def deployment_parameters(job: Path, limit: int | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The batch-generation flow's parameters a deployment of the job file runs with (`deploy` and `serve`)."""
+    parameters: dict[str, Any] = {"job": str(Path(job).resolve())}
+    if limit is not None:
+        parameters["limit"] = limit
+    if overrides:
+        parameters["overrides"] = list(overrides)
+    return parameters
+
+
 def deploy_job(job: Path, name: str, pool: str = "batchgen", cron: str | None = None, interval: int | None = None,
                timezone: str = "UTC", limit: int | None = None, overrides: list[str] | None = None,
                description: str | None = None) -> dict[str, Any]:
@@ -88,11 +98,7 @@ def deploy_job(job: Path, name: str, pool: str = "batchgen", cron: str | None = 
 
     from flows.batch_generation import batch_generation
 
-    parameters: dict[str, Any] = {"job": str(Path(job).resolve())}
-    if limit is not None:
-        parameters["limit"] = limit
-    if overrides:
-        parameters["overrides"] = list(overrides)
+    parameters = deployment_parameters(job, limit, overrides)
     created_pool = ensure_pool(pool, api_url)
     with get_client(sync_client=True) as client:
         flow_id = client.create_flow_from_name(batch_generation.name)

@@ -11,8 +11,9 @@ from typing import Any
 
 import pandas as pd
 
+from batchgen.gx_expectations import OUTPUT_COLUMNS
 from batchgen.job import ExpectationsSpec
-from expectations.suite import OUTPUT_COLUMNS, build_suite
+from expectations.suite import build_suite
 
 ROW_KEY = "row_key"
 

@@ -30,8 +30,8 @@ from batchgen.job import JobSpec
 from batchgen.shards import expected_ids, merge_shards, shard_dir, shard_url
 from batchgen.records import Manifest
 from batchgen.resolve import override_pairs, resolve_job
+from deployments.crash_detection import ensure_crash_detection
 from tasks.publish import finish_publication, open_publication
-from tasks.zombies import ensure_crash_detection
 
 DEFAULT_DEPLOYMENT = "batch-generation/product-descriptions"
 

@@ -10,12 +10,10 @@ from prefect.cache_policies import NO_CACHE
 
 from batchgen.progress import for_run, run_key
 from batchgen.records import Window
-from batchgen.adapters import apply_adapters, check_adapter_column
 from batchgen.job import JobSpec
 from batchgen.models import ModelRef
-from batchgen.overrides import apply_overrides, check_override_columns
-from batchgen.prompts import BuiltPrompts, build_prompts, check_keyword_column, check_template_columns
-from batchgen.tokenizer import load_tokenizer
+from batchgen.prepare import prepare_prompts
+from batchgen.prompts import BuiltPrompts
 
 
 @dataclass
@@ -33,15 +31,7 @@ def build_prompts_task(job: JobSpec, loaded: Window) -> PromptStep:
     progress = for_run(run_key(job))
     if progress is not None:
         progress.window(loaded.label, len(loaded.items) + len(loaded.rejected))
-    check_template_columns(job.prompt, loaded.columns, job.input.path)  # a bad template fails before any model work
-    check_keyword_column(job.expectations.keyword_column, loaded.columns)
-    check_override_columns(job.sampling, loaded.columns)
-    model, tokenizer, max_len = load_tokenizer(job.engine)
-    built = build_prompts(loaded.items, job.prompt, tokenizer, max_len, loaded.columns,
-                          job.expectations.keyword_column)
-    built = apply_overrides(built, loaded.items, job.sampling, loaded.columns)
-    check_adapter_column(job.engine, loaded.columns)
-    built = apply_adapters(built, loaded.items, job.engine, loaded.columns)
+    built, model, max_len = prepare_prompts(job, loaded)  # a bad template fails before any model work
     lengths = built.prompts["n_prompt_tokens"]
     print(
         f"prompts: {len(built.prompts)} built, {len(built.rejected)} rejected; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,14 +29,44 @@ def write_job(tmp_path: Path, job: dict) -> Path:
     return path
 
 
-@pytest.mark.parametrize("command", [[], ["run"], ["check"]])
-def test_help_documents_every_option(command, tmp_path):
+def _cli():
+    """The command line as click sees it: the typer app's group, its commands and their parameters."""
+    import typer.main
+
+    from batchgen.cli import app
+
+    return typer.main.get_command(app)
+
+
+def _shown(name: str, text: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text) is not None
+
+
+@pytest.mark.parametrize("command", [[], *([name] for name in sorted(_cli().commands))],
+                         ids=lambda command: " ".join(command) or "batchgen")
+def test_help_documents_every_option(command, tmp_path, monkeypatch):
+    """Every command's --help names each of its options and arguments with the help text the parser holds."""
+    monkeypatch.setenv("COLUMNS", "2000")  # one line per option: help text is not wrapped in the table
     result = run_cli([*command, "--help"], tmp_path)
     assert result.returncode == 0, result.stderr
-    if command:
-        assert "--limit" in result.stdout and "--set" in result.stdout
-    else:
-        assert "run" in result.stdout and "check" in result.stdout
+    shown = " ".join(result.stdout.split())
+    group = _cli()
+    if not command:
+        for name, sub in group.commands.items():
+            assert _shown(name, shown), f"{name} is not listed in batchgen --help"
+            assert sub.help, f"batchgen {name} has no help text"
+        return
+    params = [p for p in group.commands[command[0]].params if not getattr(p, "hidden", False)]
+    assert params
+    for param in params:
+        if param.param_type_name == "option":
+            for name in param.opts + param.secondary_opts:
+                assert _shown(name, shown), f"batchgen {command[0]} --help does not show {name}"
+        else:
+            shown_as = (param.metavar or param.name).upper()  # e.g. DATA_FILE in the usage line and the table
+            assert _shown(shown_as, shown.upper()), f"batchgen {command[0]} --help lacks {shown_as}"
+        assert param.help, f"batchgen {command[0]}: {param.name} has no help text"
+        assert " ".join(param.help.split()) in shown, f"batchgen {command[0]} --help lacks the help of {param.name}"
 
 
 @pytest.mark.parametrize(

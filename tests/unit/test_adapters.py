@@ -64,6 +64,20 @@ def test_each_row_uses_its_columns_adapter_or_the_jobs_and_an_unknown_one_reject
     assert lora_request(job.engine.lora_adapters, None) is None
 
 
+def test_a_blank_adapter_cell_of_any_missing_kind_uses_the_jobs_adapter(tmp_path):
+    """Parquet's nullable strings read as pd.NA: blank like None, NaN or spaces (not an adapter named '<NA>')."""
+    job = job_from_dict(lora_job(tmp_path, lora="warm", lora_column="tone"), base_dir=tmp_path)
+    tones = pd.array(["terse", None, " ", None], dtype="string")
+    tones[3] = pd.NA
+    items = pd.DataFrame({"item_id": list("abcd"), "row_number": [2, 3, 4, 5], "tone": tones})
+    prompts = pd.DataFrame({"item_id": list("abcd"), "prompt": ["p"] * 4, "prompt_token_ids": [[1]] * 4,
+                            "n_prompt_tokens": [1] * 4})
+
+    built = apply_adapters(BuiltPrompts(prompts=prompts), items, job.engine, ["tone"])
+
+    assert built.prompts["lora"].tolist() == ["terse", "warm", "warm", "warm"] and not built.rejected
+
+
 @pytest.mark.parametrize(("engine", "message"), [
     ({"lora_adapters": {"x": "adapters/warm"}, "enable_lora": False}, "needs enable_lora: true"),
     ({"lora": "cold"}, "engine.lora: 'cold' is not in lora_adapters"),

@@ -154,3 +154,21 @@ def test_inputs_at_an_s3_url(s3, tmp_path):
         load_items(InputSpec(path=f"s3://{BUCKET}/one/missing.csv"))
     with pytest.raises(DataError, match="credentials must not be written into the job file"):
         load_items(InputSpec(path=f"s3://key:secret@{BUCKET}/one/items.csv"))
+
+
+def test_a_save_to_disk_folder_at_an_s3_url(s3, tmp_path):
+    """The folder's Arrow files in state.json's order, as a local save_to_disk folder is read."""
+    import datasets
+
+    rows = {"question": [f"q{i}" for i in range(5)], "n": list(range(5))}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "saved"), num_shards=2)
+    for path in (tmp_path / "saved").iterdir():
+        s3.put_object(Bucket=BUCKET, Key=f"saved/{path.name}", Body=path.read_bytes())
+    loaded = load_items(InputSpec(path=f"s3://{BUCKET}/saved"))
+    assert list(loaded.items["question"]) == rows["question"] and list(loaded.items["n"]) == rows["n"]
+
+    s3.put_object(Bucket=BUCKET, Key="broken/state.json", Body=b"{\"_data_files\": 3}")
+    s3.put_object(Bucket=BUCKET, Key="broken/dataset_info.json", Body=b"{}")
+    with pytest.raises(DataError, match=f"s3://{BUCKET}/broken: state.json of a datasets save_to_disk folder "
+                                        "cannot be read"):
+        load_items(InputSpec(path=f"s3://{BUCKET}/broken"))

@@ -19,7 +19,7 @@ import pytest
 from batchgen.items import Rejection, load_items
 from batchgen.job import InputSpec, PromptSpec, load_job
 from batchgen.prompts import (
-    MessagesError, _ENV, _is_blank, build_prompts, check_template_columns, conversation, wrong_type,
+    MessagesError, _ENV, build_prompts, check_template_columns, conversation, is_blank, wrong_type,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ def reference_build_prompts(items: pd.DataFrame, spec: PromptSpec, tokenizer: An
         if problem:
             reject("wrong_type", problem)
             continue
-        blank = [name for name in fields if _is_blank(values.get(name))]
+        blank = [name for name in fields if is_blank(values.get(name))]
         if blank:
             reject("missing_field", f"{', '.join(blank)} is empty")
             continue

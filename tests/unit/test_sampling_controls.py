@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 
 from batchgen.generation import GenRequest, engine_budget, sampling_kwargs, sampling_params
-from batchgen.job import MANAGED_PARAMS, JobError, SamplingSpec, job_from_dict, vllm_sampling_fields
+from batchgen.job import JobError, SamplingSpec, job_from_dict
 from batchgen.vllm_checks import cpu_problem
+from batchgen.vllm_sampling import MANAGED_PARAMS, vllm_sampling_fields
 from tests.unit.test_job import job_with
 
 # A value other than vLLM's default for each SamplingParams field the job does not declare itself. The test
