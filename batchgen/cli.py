@@ -105,11 +105,10 @@ def _user_errors(run_failed: str | None = None):
 
 
 def _load(job: Path, limit: int | None, sets: list[str] | None):
-    from batchgen.job import load_job, parse_overrides
+    from batchgen.resolve import resolve_job
 
     with _user_errors():
-        pairs = list(sets or []) + ([f"input.limit={limit}"] if limit else [])
-        return load_job(job, overrides=parse_overrides(pairs))
+        return resolve_job(job, limit=limit or None, overrides=list(sets or []))
 
 
 def _preflight(spec, model: bool = True):
