@@ -80,6 +80,14 @@ def choose_candidates(final: pd.DataFrame, selection: str = "first_passing",
     return chosen
 
 
+def records(frame: pd.DataFrame, columns: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of `frame` as dicts of `columns` (all by default): DataFrame.to_dict(orient="records") built from
+    whole columns (Series.tolist), which is several times faster for a window's thousands of rows."""
+    columns = list(frame.columns) if columns is None else columns
+    values = [frame[column].tolist() for column in columns]
+    return [dict(zip(columns, row)) for row in zip(*values)] if columns else [{} for _ in range(len(frame))]
+
+
 def structured_columns(schema: dict[str, Any] | None) -> list[str]:
     """The published columns of a JSON schema: its top-level properties."""
     return list((schema or {}).get("properties", {}))
@@ -120,7 +128,7 @@ def assemble(
         fields.append("lora")  # the adapter that wrote each output (engine.lora, engine.lora_column)
     extra = structured_columns(sampling.json_schema)
     fields += extra
-    inputs = {row["item_id"]: {c: row[c] for c in columns} for row in items.to_dict(orient="records")}
+    inputs = dict(zip(items["item_id"], records(items, columns)))
     numbers = dict(zip(items["item_id"], items["row_number"]))
     accepted: list[dict[str, Any]] = []
     rejected: list[Rejection] = list(early_rejections)
@@ -131,13 +139,13 @@ def assemble(
     passing = (final[final["passed"].astype(bool)].sort_values(["item_id", "candidate"], kind="stable")
                .groupby("item_id", sort=False) if every and len(final) else None)
     copied = [f for f in fields if f in picked.columns and f not in ("item_id", "row_number", "input")]
-    for chosen in picked.to_dict(orient="records"):
+    for chosen in records(picked, list(picked.columns)):
         item_id = chosen["item_id"]
         generated.add(item_id)
         ok, n_candidates = bool(chosen["passed"]), int(chosen["_n_candidates"])
         base = {"item_id": item_id, "row_number": numbers.get(item_id), "input": inputs.get(item_id)}
         if ok:
-            for published in (passing.get_group(item_id).to_dict(orient="records") if every else [chosen]):
+            for published in (records(passing.get_group(item_id)) if every else [chosen]):
                 row = {**base, **{f: published[f] for f in copied}}
                 row.update(n_candidates=n_candidates, n_passing=int(chosen["_n_passing"]),
                            selection=sampling.selection, **structured_values(published["text"], extra))

@@ -77,8 +77,18 @@ def _jsonl(table: pa.Table) -> str:
 
 
 def to_table(frame: pd.DataFrame, schema: pa.Schema) -> pa.Table:
-    records = frame[schema.names].astype(object).where(frame[schema.names].notna(), None).to_dict(orient="records")
-    return pa.Table.from_pylist(records, schema=schema)
+    """The frame's columns of `schema` as an Arrow table of that schema, converted column by column (missing
+    values, NaN included, become nulls); a column pyarrow cannot convert from pandas as it is (an object column
+    mixing types the schema allows) is converted from its Python values instead."""
+    columns = []
+    for field in schema:
+        column = frame[field.name]
+        try:
+            columns.append(pa.array(column, type=field.type, from_pandas=True))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError):
+            values = column.astype(object).where(column.notna(), None).tolist()
+            columns.append(pa.array(values, type=field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def new_publication_id(now: datetime | None = None) -> str:

@@ -8,6 +8,7 @@ files back and skips every request whose key is already there.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -28,6 +29,25 @@ def write_atomic(table: pa.Table, path: Path) -> None:
         pq.write_table(table, tmp)
 
 
+# Each commit file's request keys, by path, size and mtime: a run's windows each ask the store for their own keys,
+# and without this every window would read every earlier window's files again (quadratic in the run's length).
+# Commit files are never changed once written (a new commit is a new file), so an entry stays right.
+_KEYS: dict[str, tuple[int, int, frozenset[str]]] = {}
+_KEYS_LOCK = threading.Lock()
+
+
+def _file_keys(path: Path) -> frozenset[str]:
+    stat = path.stat()
+    with _KEYS_LOCK:
+        known = _KEYS.get(str(path))
+    if known is not None and known[:2] == (stat.st_size, stat.st_mtime_ns):
+        return known[2]
+    keys = frozenset(pq.read_table(path, columns=["request_key"])["request_key"].to_pylist())
+    with _KEYS_LOCK:
+        _KEYS[str(path)] = (stat.st_size, stat.st_mtime_ns, keys)
+    return keys
+
+
 class ResultStore:
     """A folder of committed chunks for one output location."""
 
@@ -37,8 +57,9 @@ class ResultStore:
     def load(self, keys: set[str] | None = None) -> dict[str, list[Attempt]]:
         """Committed attempts grouped by request key: all of them, or only those of `keys`.
 
-        With `keys`, each file's key column is read first and only matching rows are
-        materialized, so a window of a large run holds its own results, not the run's.
+        With `keys`, only files holding one of them are read (each file's keys are read once per process and
+        remembered, `_file_keys`), and only matching rows are materialized, so a window of a large run holds its
+        own results, not the run's.
         """
         done: dict[str, list[Attempt]] = defaultdict(list)
         if not self.root.is_dir() or (keys is not None and not keys):
@@ -49,10 +70,10 @@ class ResultStore:
                 if wanted is None:
                     table = pq.read_table(path, schema=ATTEMPT_SCHEMA)
                 else:
-                    mask = pc.is_in(pq.read_table(path, columns=["request_key"])["request_key"], value_set=wanted)
-                    if not pc.any(mask).as_py():
+                    if _file_keys(path).isdisjoint(keys):
                         continue
-                    table = pq.read_table(path, schema=ATTEMPT_SCHEMA).filter(mask)
+                    table = pq.read_table(path, schema=ATTEMPT_SCHEMA)
+                    table = table.filter(pc.is_in(table["request_key"], value_set=wanted))
             except (pa.ArrowInvalid, OSError) as exc:  # unreadable: regenerate rather than fail the run
                 log.warning("ignoring unreadable commit %s: %s", path.name, exc)
                 continue
@@ -68,4 +89,8 @@ class ResultStore:
             return
         self.root.mkdir(parents=True, exist_ok=True)
         table = pa.Table.from_pydict(columns_of(attempts, Attempt), schema=ATTEMPT_SCHEMA)
-        write_atomic(table, self.root / f"chunk-{uuid.uuid4().hex}.parquet")
+        path = self.root / f"chunk-{uuid.uuid4().hex}.parquet"
+        write_atomic(table, path)
+        stat = path.stat()
+        with _KEYS_LOCK:
+            _KEYS[str(path)] = (stat.st_size, stat.st_mtime_ns, frozenset(a.request_key for a in attempts))
