@@ -148,5 +148,8 @@ def in_parallel(work: Callable[[Any], None], items: list[Any], workers: int) -> 
             raise
 
 
-if __name__ == "__main__":  # `python -m flows.batch_generation JOB.yaml [key=value ...]`
-    sys.exit(0 if batch_generation(sys.argv[1], overrides=sys.argv[2:]) else 1)
+if __name__ == "__main__":  # `python -m flows.batch_generation JOB.yaml [key=value ...]`: the flow itself, Prefect's
+    # own console; `batchgen run` (`python -m batchgen run`) adds the checks, the quiet terminal and the summary
+    import json
+
+    print(json.dumps(batch_generation(sys.argv[1], overrides=sys.argv[2:]).to_json()["counts"], indent=2))

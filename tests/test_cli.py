@@ -136,7 +136,7 @@ NOISE = ("[vllm", "Loading safetensors", "Calculating Metrics", "Warning", "NUMA
 
 @pytest.mark.engine
 def test_job_runs_from_the_command_line_both_ways(tmp_path, monkeypatch):
-    """`batchgen run`, then `python -m flows.batch_generation` on the same job: the second reuses every result.
+    """`batchgen run`, then `python -m batchgen run` on the same job: the second reuses every result.
 
     Both as a user's terminal shows them (stderr not a terminal here, as in a log): no library noise, a
     progress line of the whole job every BATCHGEN_PROGRESS_SECONDS, and a last line naming the report."""
@@ -145,12 +145,12 @@ def test_job_runs_from_the_command_line_both_ways(tmp_path, monkeypatch):
     job = product_job(tmp_path, 6, retry={"max_passes": 1})
     path = write_job(tmp_path, job)
     manifests = []
-    for way in ("batchgen run", "python -m flows.batch_generation"):
+    for way in ("batchgen run", "python -m batchgen run"):
         if way == "batchgen run":
             result = run_cli(["run", str(path), "--limit", "4", "--set", "sampling.max_tokens=24"], tmp_path)
         else:
-            result = run_cli([str(path), "--limit", "4", "--set", "sampling.max_tokens=24"], tmp_path,
-                             module="flows.batch_generation")
+            result = run_cli(["run", str(path), "--limit", "4", "--set", "sampling.max_tokens=24"], tmp_path,
+                             module="batchgen")
         assert result.returncode == 0, f"{way}: {result.stderr[-3000:]}"
         summary = json.loads(result.stdout)
         lines = result.stderr.splitlines()
