@@ -14,7 +14,7 @@ from batchgen.generation import first_pass_requests, request_key, sampling_kwarg
 from batchgen.job import JobError, SamplingSpec, job_from_dict
 from batchgen.models import ModelRef
 from batchgen.prompts import BuiltPrompts
-from tests.unit.test_job import job_with
+from tests.jobs import job_with
 
 
 def adapter(folder: Path, rank: int = 8) -> Path:

@@ -1,8 +1,9 @@
-"""Loading the input table: formats, ids, rejections and unreadable files."""
+"""Loading the input table: formats (JSON arrays too), ids, rejections and unreadable files."""
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.items import DataError, content_id, load_items
+from batchgen.items import DataError, content_id, json_elements, load_items
 from batchgen.job import InputSpec
 
 HEADER = ["product_id", "name", "feature"]
@@ -407,3 +408,38 @@ def test_a_checked_load_is_taken_once_by_the_next_load_of_the_unchanged_file(tmp
     path.write_text("id,q\na,changed\n", encoding="utf-8")
     os.utime(path, ns=(1, 1))
     assert take_kept_load(spec) is None  # the file changed since
+
+
+def test_a_json_array_of_objects(tmp_path):
+    path = tmp_path / "items.json"
+    path.write_text(json.dumps([{"sku": "a", "name": "Mug"}, ["not", "an", "object"], {"sku": "b", "name": "Lamp"}],
+                               indent=2), encoding="utf-8")
+    loaded = load_items(InputSpec(path=str(path), id_column="sku"))
+    assert list(loaded.items["item_id"]) == ["a", "b"]
+    assert list(loaded.items["row_number"]) == [1, 3]
+    [bad] = loaded.rejected
+    assert bad.reasons == ["invalid_json"] and bad.row_number == 2
+    assert bad.detail == "element 2 (line 6): expected a JSON object, got list"
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"sku": "a"}', "line 1: expected a JSON array of objects, found '{'"),
+    ('[{"sku": "a"},\n {"sku": }]', "line 2: not a JSON array: Expecting value"),
+    ('[{"sku": "a"} {"sku": "b"}]', "line 1: not a JSON array: expected ',' or ']', found '{'"),
+    ('[{"sku": "a"},\n', "line 2: the JSON array is never closed"),
+    ("[]", "input file has no rows (an empty JSON array)"),
+])
+def test_a_json_file_that_is_not_an_array_of_objects_names_the_line(tmp_path, text, message):
+    path = tmp_path / "items.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(DataError, match=f"{path}: " + message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]")):
+        load_items(InputSpec(path=str(path)))
+
+
+def test_json_elements_across_small_blocks():
+    values = [{"a": "x" * 10, "n": 12345}, 678, "text, with a comma ]", [1, 2], None, {"b": {"c": [3]}}]
+    text = json.dumps(values, indent=1)
+    for block in (1, 2, 3, 7, 64):
+        assert [v for _, v in json_elements(io.StringIO(text), block=block)] == values, block
+    assert [line for line, _ in json_elements(io.StringIO(text), block=5)][:2] == [2, 6]

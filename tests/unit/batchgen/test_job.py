@@ -10,18 +10,7 @@ import pytest
 import yaml
 
 from batchgen.job import JobError, JobSpec, job_from_dict, load_job, parse_overrides
-
-BASE: dict[str, Any] = {
-    "name": "products",
-    "input": {"path": "data/products.csv", "id_column": "product_id"},
-    "prompt": {"style": "chat", "system": "You write copy.", "template": "Describe {{ name }} for {{ audience }}."},
-    "engine": {"seed": 7, "max_model_len": 2048},
-    "sampling": {"temperature": 0.7, "top_p": 0.9, "max_tokens": 80, "stop": "\n\n", "n": 2},
-    "expectations": {"min_chars": 10, "max_chars": 400, "keyword_column": "name",
-                     "must_not_match": ["https?://"]},
-    "retry": {"max_passes": 2, "strategy": "continue", "growth_factor": 2, "max_tokens_cap": 320},
-    "output": {"dir": "../out/products", "jsonl": True},
-}
+from tests.jobs import BASE, job_with
 
 
 def write_job(folder: Path, data: Any, name: str = "job.yaml") -> Path:
@@ -29,18 +18,6 @@ def write_job(folder: Path, data: Any, name: str = "job.yaml") -> Path:
     path = folder / name
     path.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False), encoding="utf-8")
     return path
-
-
-def job_with(**changes: dict[str, Any]) -> dict[str, Any]:
-    """BASE with some sections updated (a value of None removes the key)."""
-    data = copy.deepcopy(BASE)
-    for section, values in changes.items():
-        for key, value in values.items():
-            if value is None:
-                data[section].pop(key, None)
-            else:
-                data[section][key] = value
-    return data
 
 
 def test_valid_job_loads_with_its_values(tmp_path):
@@ -272,3 +249,28 @@ def test_resampling_greedy_outputs_works_with_a_temperature_step(tmp_path):
     job = job_from_dict(job_with(retry={"on": ["keyword"], "temperature_step": 0.3}, sampling={"temperature": 0}),
                         base_dir=tmp_path)
     assert job.retry.temperature_step == 0.3
+
+
+@pytest.mark.parametrize(("sampling", "message"), [
+    ({"bad_wordz": ["x"]}, "unknown field 'bad_wordz'"),
+    ({"bad_words": "cheap"}, "sampling.bad_words: Expected `array | null`, got `str`"),
+    ({"logit_bias": {"x": 1}}, "sampling.logit_bias"),
+    ({"output_kind": "final"}, "sampling.output_kind: set by batchgen, not by the job"),
+    ({"structured_outputs": {"regex": "a"}}, "use sampling.json_schema, regex, choice or grammar"),
+    ({"regex": "a+", "choice": ["a"]}, "regex and choice: set one structured output constraint"),
+    ({"regex": "(unclosed"}, "regex '(unclosed' is not a valid regex"),
+    ({"grammar": "root ::= "}, "grammar is not a valid EBNF grammar"),
+    ({"use_beam_search": True, "n": 2, "bad_words": ["x"]}, "bad_words with use_beam_search"),
+    ({"use_beam_search": True, "n": 2, "choice": ["x"]}, "choice with use_beam_search is not supported"),
+])
+def test_sampling_fields_vllm_would_refuse_are_job_errors(tmp_path, sampling, message):
+    with pytest.raises(JobError) as err:
+        job_from_dict(job_with(sampling=sampling), base_dir=tmp_path)
+    assert message in str(err.value)
+
+
+def test_retry_on_may_name_a_gx_expectation(tmp_path):
+    job = job_from_dict(job_with(expectations={"gx": [{"type": "expect_column_values_to_match_regex", "id": "caps",
+                                                       "kwargs": {"column": "text", "regex": "^[A-Z]"}}]},
+                                 retry={"on": ["truncated", "caps"]}), base_dir=tmp_path)
+    assert job.retry.on == ["truncated", "caps"]

@@ -8,7 +8,7 @@ import re
 
 from batchgen.job import ExpectationsSpec
 from batchgen.report import report_markdown, write_report
-from tests.unit.report.publication import TEMPLATE, cells, make_publication, table
+from tests.unit.batchgen.report.publication import TEMPLATE, cells, make_publication, table
 
 
 def test_counts_on_the_page_are_the_manifest_counts(published):

@@ -13,7 +13,7 @@ import pytest
 from batchgen.publish import REJECTED
 from batchgen.report import write_report
 from batchgen.schema import INPUT_COLUMN_KEY
-from tests.unit.report.publication import TEMPLATE, make_publication
+from tests.unit.batchgen.report.publication import TEMPLATE, make_publication
 
 
 @pytest.fixture(scope="package")

@@ -14,10 +14,10 @@ from batchgen.publish import ATTEMPTS, REJECTED, RESULTS, current_publication
 from batchgen.remote import RemoteError, read_current, read_current_record, read_publication, upload_publication
 from batchgen.retry import latest_attempts
 from batchgen.shards import shard_dir, shard_url
-from tests.servers import moto_s3
+from tests.frames import COLUMNS, make_items, publish_shard, with_verdicts
+from tests.jobs import job_publishing_to
 from tests.publications import generated, merge, stage_frames
-from tests.unit.test_assemble_publish import COLUMNS, make_items, with_verdicts
-from tests.unit.test_shards import _publish_shard
+from tests.servers import moto_s3
 
 BUCKET = "batchgen-shared"
 
@@ -121,23 +121,17 @@ def test_a_local_shared_path_works_the_same_way(tmp_path):
     assert tables[RESULTS].equals(pq.read_table(local / RESULTS))
 
 
-def _job(tmp_path: Path, publish_to: str | None) -> dict:
-    (tmp_path / "items.csv").write_text("id,name\n1,Mug\n", encoding="utf-8")
-    output = {"dir": str(tmp_path / "out")} | ({"publish_to": publish_to} if publish_to is not None else {})
-    return {"input": {"path": str(tmp_path / "items.csv"), "id_column": "id"},
-            "prompt": {"template": "Describe {{ name }}."}, "output": output}
-
-
 def test_publish_to_is_optional_and_a_relative_path_resolves_against_the_job(tmp_path):
-    assert job_from_dict(_job(tmp_path, None)).output.publish_to is None
-    assert job_from_dict(_job(tmp_path, "s3://bucket/p")).output.publish_to == "s3://bucket/p"
-    job = job_from_dict(_job(tmp_path, "shared/datasets"), base_dir=tmp_path)
+    assert job_from_dict(job_publishing_to(tmp_path, None)).output.publish_to is None
+    assert job_from_dict(job_publishing_to(tmp_path, "s3://bucket/p")).output.publish_to == "s3://bucket/p"
+    job = job_from_dict(job_publishing_to(tmp_path, "shared/datasets"), base_dir=tmp_path)
     assert job.output.publish_to == str((tmp_path / "shared" / "datasets").resolve())
 
 
 def test_shards_switch_publish_to_off_with_an_override(tmp_path):
     """Without publish_to the sharded flow passes each shard this override (with it, the shard's own URL)."""
-    job = job_from_dict(_job(tmp_path, "s3://bucket/p"), overrides=parse_overrides(["output.publish_to=null"]))
+    job = job_from_dict(job_publishing_to(tmp_path, "s3://bucket/p"),
+                        overrides=parse_overrides(["output.publish_to=null"]))
     assert job.output.publish_to is None
 
 
@@ -146,14 +140,14 @@ def test_merge_reads_shard_publications_from_the_bucket(s3, tmp_path):
     url = f"s3://{BUCKET}/sharded"
     urls = [shard_url(url, i, 2) for i in range(2)]
     worker_a, worker_b = tmp_path / "machine-a" / "out", tmp_path / "machine-b" / "out"
-    _publish_shard(worker_a, 0, 2, ["a", "b"], ["c"])
+    publish_shard(worker_a, 0, 2, ["a", "b"], ["c"])
     upload_publication(current_publication(shard_dir(worker_a, 0, 2)), urls[0])
     merger = tmp_path / "machine-c" / "out"
     elsewhere = [shard_dir(merger, i, 2) for i in range(2)]  # never written: the merge must not need them
     with pytest.raises(RemoteError, match="shards/2-of-2: nothing published yet"):
         merge(merger, elsewhere, ["a", "b", "c", "d"], {"job": "merged"}, jsonl=False, shard_urls=urls)
 
-    _publish_shard(worker_b, 1, 2, ["d"], [])
+    publish_shard(worker_b, 1, 2, ["d"], [])
     upload_publication(current_publication(shard_dir(worker_b, 1, 2)), urls[1])
     written, staging = merge(merger, elsewhere, ["a", "b", "c", "d"], {"job": "merged"}, jsonl=False,
                                     shard_urls=urls)

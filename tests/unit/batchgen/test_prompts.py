@@ -1,15 +1,20 @@
-"""Prompt building with the default model's real tokenizer and chat template."""
+"""Prompt building with the default model's real tokenizer and chat template: conversations, rejections,
+and the same prompts as the one-row-at-a-time reference implementation."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import make_products
 import pandas as pd
 import pytest
 
 from batchgen.items import load_items
-from batchgen.job import InputSpec, JobError, PromptSpec
-from batchgen.prompts import build_prompts, check_template_columns, template_fields
+from batchgen.job import InputSpec, JobError, PromptSpec, load_job
+from batchgen.prompts import MessagesError, build_prompts, check_template_columns, conversation, template_fields
+from tests.conftest import ROOT
+from tests.prompts_reference import compare, rows_to_reject
 
 COLUMNS = ["name", "feature"]
 
@@ -335,3 +340,75 @@ def test_a_chat_template_that_cannot_work_is_a_job_error(tmp_path, prompt, messa
                        "prompt": {"system": "Be brief.", "template": "Describe {{ name }}.", **prompt}},
                       base_dir=tmp_path)
     assert message in str(err.value)
+
+
+CHAT = [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "Apple."},
+        {"role": "user", "content": "Another one?"}]
+
+
+@pytest.mark.parametrize("value", [CHAT, json.dumps(CHAT), tuple(CHAT)])
+def test_conversation_accepts_lists_and_json_text(value):
+    assert conversation(value, "chat") == CHAT
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("[{", "chat is not a JSON list"),
+    ([], "non-empty list"),
+    ([{"role": "user"}], r"chat\[0\] must be an object with role and content"),
+    ([{"role": "robot", "content": "x"}], r"chat\[0\].role is 'robot'"),
+    ([{"role": "user", "content": 3}], r"chat\[0\].content must be text"),
+    (CHAT[:2], "the last message is from the assistant"),
+])
+def test_conversation_rejects_what_is_not_a_chat(value, message):
+    with pytest.raises(MessagesError, match=message):
+        conversation(value, "chat")
+
+
+def test_conversation_column_renders_every_turn_with_the_chat_template(tmp_path, tokenizer):
+    path = tmp_path / "chats.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in [
+        {"id": "c1", "chat": CHAT},
+        {"id": "c2", "chat": [{"role": "assistant", "content": "Hi"}]},
+        {"id": "c3", "chat": "not a list"},
+    ]) + "\n", encoding="utf-8")
+    loaded = load_items(InputSpec(path=str(path), id_column="id"))
+    spec = PromptSpec(messages_column="chat", system="Answer in one word.")
+    assert check_template_columns(spec, loaded.columns) == ["chat"]
+    built = build_prompts(loaded.items, spec, tokenizer, 2048, loaded.columns)
+
+    assert list(built.prompts["item_id"]) == ["c1"]
+    expected = tokenizer.apply_chat_template([{"role": "system", "content": "Answer in one word."}, *CHAT],
+                                             tokenize=False, add_generation_prompt=True)
+    assert built.prompts["prompt"].iloc[0] == expected
+    assert "Apple.<|im_end|>" in expected and expected.endswith("<|im_start|>assistant\n")
+    reasons = {r.item_id: (r.reasons, r.detail) for r in built.rejected}
+    assert reasons["c2"] == (["invalid_messages"], "row 2: chat: the last message is from the assistant; "
+                                                   "the model answers a user message")
+    assert reasons["c3"][0] == ["invalid_messages"]
+
+
+def test_a_missing_conversation_column_is_a_job_error():
+    with pytest.raises(JobError, match=r"prompt.messages_column: 'chat' is not a column"):
+        check_template_columns(PromptSpec(messages_column="chat"), ["name"])
+
+
+@pytest.mark.parametrize("job", ["product_descriptions.yaml", "product_descriptions_zh.yaml"])
+def test_example_jobs_give_the_same_prompts_and_token_ids(job, tokenizer, tmp_path):
+    spec = load_job(ROOT / "examples" / job)
+    table = make_products.ZH if job.endswith("_zh.yaml") else make_products.EN
+    make_products.write_csv(tmp_path / "products.csv", make_products.products(table, 2000, 7))
+    loaded = load_items(InputSpec(path=str(tmp_path / "products.csv"), id_column="product_id"))
+    assert compare(loaded.items, spec.prompt, tokenizer, 8192, loaded.columns, "name") == 2000
+
+
+@pytest.mark.parametrize("spec", [
+    PromptSpec(system="You write copy.", template="Describe {{ name }} ({{ feature }})."),
+    PromptSpec(system="You write copy for {{ feature }}.", template="Describe {{ name }}."),
+    PromptSpec(template="Describe {{ name }}."),
+    PromptSpec(style="completion", template="{{ name }}: {{ feature }} ->"),
+    PromptSpec(template="{% if feature == 'hot' %}   {% else %}{{ name }}{% endif %}"),  # empty_prompt rows
+    PromptSpec(system="Be brief.", messages_column="chat"),
+], ids=["chat", "system-with-column", "no-system", "completion", "empty", "messages"])
+def test_rejections_and_prompts_match_row_for_row(spec, tokenizer):
+    items, columns = rows_to_reject()
+    compare(items, spec, tokenizer, 512, columns, "name")

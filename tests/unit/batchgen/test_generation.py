@@ -1,27 +1,33 @@
-"""Generation helpers: flattening engine outputs, request keys, and run_requests with a stand-in engine."""
+"""Generation helpers: vLLM's sampling parameters from the job, flattening engine outputs (logprobs, beam
+search), request keys, and run_requests with a stand-in engine."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
-
-import dataclasses
 
 import pandas as pd
 import pytest
 
 from batchgen.generation import (
     GenRequest,
+    beam_rows,
+    engine_budget,
     first_pass_requests,
     output_rows,
     request_key,
     run_requests,
     sampling_kwargs,
+    sampling_params,
+    top_logprobs,
 )
-from batchgen.job import RetrySpec, SamplingSpec
+from batchgen.job import RetrySpec, SamplingSpec, job_from_dict
 from batchgen.retry import plan_retries
 from tests.engines import stand_in_engine
+from tests.jobs import job_with
+from tests.sampling import PASSTHROUGH_VALUES, SCHEMA, params_of
 
 MODEL = '{"model": "/models/smollm2", "dtype": "auto"}'
 
@@ -343,3 +349,112 @@ def test_continue_retry_with_min_tokens_is_a_valid_engine_request():
     assert params.max_tokens == 4
     assert params.min_tokens <= params.max_tokens
     assert row.n_output_tokens == 12
+
+
+def test_json_schema_goes_to_the_engine_as_structured_outputs():
+    kwargs = sampling_kwargs(SamplingSpec(json_schema=SCHEMA, max_tokens=32))
+    assert kwargs["structured_outputs"] == {"json": SCHEMA}
+    assert not {"json_schema", "selection", "best_of", "overrides", "use_beam_search"} & set(kwargs)
+
+    params = sampling_params(engine_budget(kwargs, GenRequest("p1", "x", [1], max_tokens=32)))
+    assert params.structured_outputs.json == SCHEMA and params.max_tokens == 32
+
+
+def lp(value: float, rank: int, token: str) -> SimpleNamespace:
+    return SimpleNamespace(logprob=value, rank=rank, decoded_token=token)
+
+
+def test_top_logprobs_are_kept_per_token_best_first_and_continuations_keep_the_prefix():
+    positions = [{5: lp(-2.0, 3, "x"), 1: lp(-0.1, 1, "a")}, {7: lp(-0.3, 1, "b")}]
+    assert top_logprobs(positions) == [
+        [{"token_id": 1, "token": "a", "logprob": -0.1, "rank": 1},
+         {"token_id": 5, "token": "x", "logprob": -2.0, "rank": 3}],
+        [{"token_id": 7, "token": "b", "logprob": -0.3, "rank": 1}],
+    ]
+    prefix = [[{"token_id": 9, "token": "z", "logprob": -1.0, "rank": 1}]]
+    request = GenRequest("p1", "x", [1, 2], max_tokens=8, prefix_token_ids=[9], prefix_text="z",
+                         prefix_logprobs=prefix, strategy="continue", attempt=2, candidate=0)
+    out = SimpleNamespace(request_id="r", outputs=[SimpleNamespace(
+        index=0, text="b", token_ids=[7], cumulative_logprob=-0.3, finish_reason="stop", stop_reason=None,
+        logprobs=[{7: lp(-0.3, 1, "b")}])])
+    row = output_rows(request, out, "k", 0.1, keep_logprobs=True)[0]
+    assert row.logprobs == prefix + [[{"token_id": 7, "token": "b", "logprob": -0.3, "rank": 1}]]
+    assert output_rows(request, out, "k", 0.1)[0].logprobs is None  # not asked: not kept
+
+
+class FakeTokenizer:
+    eos_token_id = 2
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(f"t{i}" for i in ids if not (skip_special_tokens and i == self.eos_token_id))
+
+
+def test_beam_rows_hold_only_the_generated_tokens_ranked_with_finish_reasons():
+    request = GenRequest("p1", "prompt", [100, 101], max_tokens=3, n=2)
+    output = SimpleNamespace(sequences=[
+        SimpleNamespace(tokens=[100, 101, 7, 2], cum_logprob=-1.5, logprobs=[{7: lp(-1.0, 1, "7")}, {2: lp(-.5, 1, "")}]),
+        SimpleNamespace(tokens=[100, 101, 8, 9, 10], cum_logprob=-4.0, logprobs=[{}, {}, {}]),
+    ])
+    rows = beam_rows(request, output, "key", 0.5, None, FakeTokenizer(), keep_logprobs=None)
+    assert [r.candidate for r in rows] == [0, 1]
+    assert rows[0].token_ids == [7, 2] and rows[0].text == "t7" and rows[0].finish_reason == "stop"
+    assert rows[1].n_output_tokens == 3 and rows[1].finish_reason == "length"
+    assert rows[0].cumulative_logprob == -1.5 and rows[0].logprobs is None
+    kept = beam_rows(request, output, "key", 0.5, None, FakeTokenizer(), keep_logprobs=1)
+    assert kept[0].logprobs == [[{"token_id": 7, "token": "7", "logprob": -1.0, "rank": 1}],
+                                   [{"token_id": 2, "token": "", "logprob": -0.5, "rank": 1}]]
+
+
+def test_beam_search_kwargs_are_beam_search_params():
+    kwargs = sampling_kwargs(SamplingSpec(use_beam_search=True, beam_width=3, length_penalty=0.5, max_tokens=9))
+    assert kwargs == {"beam_search": True, "beam_width": 3, "max_tokens": 9, "length_penalty": 0.5,
+                      "temperature": 1.0, "ignore_eos": False, "logprobs": None}
+
+
+@pytest.mark.parametrize("name", sorted(PASSTHROUGH_VALUES))
+def test_a_sampling_params_field_named_in_the_job_reaches_vllm_unchanged(name):
+    spec = SamplingSpec(max_tokens=8, **{name: PASSTHROUGH_VALUES[name]})
+
+    params = params_of(spec)
+
+    got = getattr(params, name)
+    assert (got.tolist() if hasattr(got, "tolist") else got) == PASSTHROUGH_VALUES[name]
+    assert spec.model_dump()[name] == PASSTHROUGH_VALUES[name]  # in the manifest and the job fingerprint
+
+
+def test_logit_bias_keeps_its_token_ids_through_a_json_round_trip(tmp_path):
+    job = job_from_dict(job_with(sampling={"logit_bias": {42: 5}}), base_dir=tmp_path)
+    again = job_from_dict(job.model_dump(mode="json"))  # as a run with overrides or a deployment reads it
+    assert params_of(again.sampling).logit_bias == {42: 5.0}
+    assert sampling_kwargs(again.sampling)["logit_bias"] == {"42": 5}
+
+
+def test_a_nested_vllm_struct_is_given_as_a_mapping():
+    params = params_of(SamplingSpec(repetition_detection={"max_pattern_size": 4, "min_count": 3}))
+    assert type(params.repetition_detection).__name__ == "RepetitionDetectionParams"
+    assert params.repetition_detection.max_pattern_size == 4
+
+
+@pytest.mark.parametrize(("constraint", "value", "vllm_name"), [
+    ("json_schema", {"type": "object"}, "json"),
+    ("regex", "(yes|no)", "regex"),
+    ("choice", ["yes", "no"], "choice"),
+    ("grammar", 'root ::= "yes" | "no"', "grammar"),
+])
+def test_structured_output_goes_to_vllm_under_its_name(constraint, value, vllm_name):
+    params = params_of(SamplingSpec(**{constraint: value}))
+    assert getattr(params.structured_outputs, vllm_name) == value
+
+
+def test_a_seed_is_per_candidate_and_fresh_for_each_resampled_attempt():
+    base = sampling_kwargs(SamplingSpec(seed=100, n=3, max_tokens=8))
+
+    def seed(**request):
+        return engine_budget(base, GenRequest(item_id="a", prompt="", prompt_token_ids=[1], max_tokens=8,
+                                              **request)).get("seed")
+
+    assert seed(n=3) == 100  # vLLM gives candidate i seed+i
+    assert seed(candidate=2, attempt=2, strategy="grow") == 102  # a grown candidate samples its path again
+    resampled = [seed(candidate=c, attempt=a, strategy="resample") for c in range(3) for a in (2, 3)]
+    assert sorted(resampled) == [103, 104, 105, 106, 107, 108]  # none equals another or a first-pass seed
+    assert "seed" not in sampling_kwargs(SamplingSpec())

@@ -6,15 +6,8 @@ import pandas as pd
 import pytest
 
 from batchgen.job import ExpectationsSpec
-from expectations.suite import build_suite
 from expectations.validate import validate_rows
-
-SPEC = ExpectationsSpec(
-    min_chars=20, max_chars=120, keyword_column="name",
-    must_match=[r"[.!。]$"],  # ends a sentence
-    must_not_match=[r"https?://", r"(?i)\bbuy now\b"],
-    require_stop=True,
-)
+from tests.jobs import SPEC
 
 # item_id -> (text, finish_reason, keyword, expected failures)
 CASES = {
@@ -118,35 +111,6 @@ def test_no_expectations_means_every_row_passes():
     assert validation.verdicts.to_dict(orient="list") == {"row_key": ["a#0#1"], "passed": [True], "failed": [[]]}
 
 
-# ---------------------------------------------------------------- the suite
-
-@pytest.mark.parametrize(("spec", "expected"), [
-    (ExpectationsSpec(), ["truncated"]),
-    (ExpectationsSpec(require_stop=False), []),
-    (ExpectationsSpec(min_chars=5, require_stop=False), ["length"]),
-    (ExpectationsSpec(max_chars=50, require_stop=False), ["length"]),
-    (SPEC, ["length", "keyword", "must_match", "must_not_match", "must_not_match", "truncated"]),
-])
-def test_suite_has_one_expectation_per_configured_check(spec, expected):
-    suite = build_suite(spec, "unit-suite")
-    assert [e.meta["batchgen_id"] for e in suite.expectations] == expected
-
-
-def test_suite_expectations_carry_the_job_values():
-    suite = build_suite(SPEC, "unit-suite-values")
-    by_id: dict[str, list] = {}
-    for expectation in suite.expectations:
-        by_id.setdefault(expectation.meta["batchgen_id"], []).append(expectation)
-    [length] = by_id["length"]
-    assert (length.column, length.min_value, length.max_value) == ("text", 20, 120)
-    assert [e.regex for e in by_id["must_match"]] == [r"[.!。]$"]
-    assert [e.regex for e in by_id["must_not_match"]] == [r"https?://", r"(?i)\bbuy now\b"]
-    [truncated] = by_id["truncated"]
-    assert (truncated.column, list(truncated.value_set)) == ("finish_reason", ["stop"])
-    [keyword] = by_id["keyword"]
-    assert (keyword.column, list(keyword.value_set)) == ("keyword_present", [True])
-
-
 def test_merged_windows_read_like_one_validation_of_all_rows():
     """GX results of disjoint windows of one pass, merged: the counts of one validation of every row."""
     from expectations.validate import merge_results
@@ -188,19 +152,6 @@ def test_merged_results_list_a_bounded_number_of_failing_rows():
     assert len(outcome["result"]["partial_unexpected_list"]) == validate.PARTIAL_ROWS
 
 
-@pytest.mark.parametrize("spec", [
-    ExpectationsSpec(),
-    ExpectationsSpec(min_chars=1, keyword_column="name", must_match=["a", "b"], must_not_match=["c"]),
-    ExpectationsSpec(max_chars=9, require_stop=False),
-])
-@pytest.mark.parametrize("schema", [None, {"type": "object"}])
-def test_the_ids_retry_on_may_name_are_the_suites_own(spec, schema):
-    from expectations.suite import build_suite
-
-    suite_ids = {e.meta["batchgen_id"] for e in build_suite(spec, "s", schema).expectations}
-    assert set(spec.ids("json_schema" if schema else None)) == suite_ids
-
-
 def test_gx_expectations_of_the_job_judge_each_output_under_their_id():
     spec = ExpectationsSpec(require_stop=False, gx=[
         {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "text", "regex": "^[A-Z]"},
@@ -219,31 +170,20 @@ def test_gx_expectations_of_the_job_judge_each_output_under_their_id():
     assert types == ["expect_column_values_to_match_regex", "expect_column_values_to_be_between"]
 
 
-@pytest.mark.parametrize(("entry", "message"), [
-    ({"type": "expect_nothing"}, "expectations.gx.0: 'expect_nothing' is not a Great Expectations expectation type"),
-    ({"type": "expect_column_values_to_match_regex", "kwargs": {"column": "text", "regexx": "a"}},
-     "expectations.gx.0: expect_column_values_to_match_regex: kwargs.regexx: not an argument of this expectation"),
-    ({"type": "expect_column_values_to_match_regex", "kwargs": {"column": "txt", "regex": "a"}},
-     "column 'txt' is not an output column; the outputs have text, finish_reason"),
-    ({"type": "expect_column_mean_to_be_between", "kwargs": {"column": "n_output_tokens"}},
-     "judges the whole table, not each output"),
-    ({"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "text"}, "id": "length"},
-     "id 'length' is a built-in expectation's"),
+@pytest.mark.parametrize(("constraint", "value", "texts", "passed"), [
+    ("regex", "(yes|no)", ["yes", "no!", "maybe"], [True, False, False]),
+    ("choice", ["red", "green"], ["red", "Red", "green "], [True, False, False]),
+    ("grammar", 'root ::= "(" [0-9]+ ")"', ["(12)", "(12", "12"], [True, False, False]),
 ])
-def test_a_gx_expectation_gx_refuses_is_a_job_error_naming_it(tmp_path, entry, message):
-    from batchgen.job import JobError, job_from_dict
-    from tests.unit.test_job import job_with
+def test_structured_outputs_are_checked_by_an_expectation_of_their_own(constraint, value, texts, passed):
+    from batchgen.job import ExpectationsSpec
+    from expectations.validate import validate_rows
 
-    with pytest.raises(JobError) as err:
-        job_from_dict(job_with(expectations={"gx": [entry]}), base_dir=tmp_path)
-    assert message in str(err.value)
+    rows = pd.DataFrame({"item_id": list("abc"), "candidate": 0, "attempt": 1, "text": texts,
+                         "finish_reason": "stop"})
 
+    verdicts = validate_rows(rows, ExpectationsSpec(require_stop=False), None, "unit-structured",
+                             structured=(constraint, value)).verdicts
 
-def test_retry_on_may_name_a_gx_expectation(tmp_path):
-    from batchgen.job import job_from_dict
-    from tests.unit.test_job import job_with
-
-    job = job_from_dict(job_with(expectations={"gx": [{"type": "expect_column_values_to_match_regex", "id": "caps",
-                                                       "kwargs": {"column": "text", "regex": "^[A-Z]"}}]},
-                                 retry={"on": ["truncated", "caps"]}), base_dir=tmp_path)
-    assert job.retry.on == ["truncated", "caps"]
+    assert verdicts["passed"].tolist() == passed
+    assert verdicts["failed"].tolist() == [[] if ok else [constraint] for ok in passed]

@@ -8,7 +8,7 @@ import pytest
 
 from batchgen.report.figures import pass_rates, throughput, throughput_over_time
 from batchgen.report.read import load_publication
-from tests.unit.report.publication import cells, table
+from tests.unit.batchgen.report.publication import cells, table
 
 
 def test_throughput_counts_only_chunks_finished_in_this_run(published):

@@ -207,3 +207,29 @@ def test_rescued_by_reason_counts_the_failures_of_earlier_attempts_of_the_publis
     accepted = pd.DataFrame({"item_id": ["a", "b", "c", "d"], "candidate": [0, 0, 0, 1], "attempt": [2, 3, 1, 1]})
 
     assert rescued_by_reason(accepted, attempts) == {"keyword": 2, "truncated": 1}
+
+
+def attempt_row(item_id: str, candidate: int, finish: str, attempt: int = 1, max_tokens: int = 8,
+                temperature: float | None = None) -> dict[str, Any]:
+    return {"item_id": item_id, "candidate": candidate, "attempt": attempt, "finish_reason": finish,
+            "max_tokens": max_tokens, "n_prompt_tokens": 4, "prompt": "p", "prompt_token_ids": [1, 2, 3, 4],
+            "text": "t", "token_ids": [5] * max_tokens, "cumulative_logprob": -1.0, "temperature": temperature,
+            "logprobs": None}
+
+
+def test_a_cut_off_beam_searches_the_whole_item_again_with_a_bigger_budget():
+    latest = latest_attempts(pd.DataFrame([attempt_row("a", 0, "stop"), attempt_row("a", 1, "length"),
+                                           attempt_row("b", 0, "stop"), attempt_row("b", 1, "stop")]))
+    requests = plan_retries(latest, RetrySpec(max_passes=2, growth_factor=2, max_tokens_cap=64), 2048, beam_width=2)
+    assert [(r.item_id, r.n, r.candidate, r.max_tokens, r.attempt, r.strategy) for r in requests] == [
+        ("a", 2, None, 16, 2, "grow")]
+
+
+def test_retries_keep_each_candidate_and_its_own_budget_and_temperature():
+    latest = latest_attempts(pd.DataFrame([
+        attempt_row("a", 0, "length", max_tokens=4, temperature=0.2), attempt_row("a", 1, "stop", max_tokens=4),
+        attempt_row("a", 2, "length", max_tokens=4, temperature=0.2), attempt_row("b", 0, "length", max_tokens=10),
+    ]))
+    requests = plan_retries(latest, RetrySpec(max_passes=2, growth_factor=2, max_tokens_cap=64), 2048)
+    assert sorted((r.item_id, r.candidate, r.max_tokens, r.temperature) for r in requests) == [
+        ("a", 0, 8, 0.2), ("a", 2, 8, 0.2), ("b", 0, 20, None)]

@@ -1,4 +1,6 @@
-"""Publishing is atomic as a set: readers of <out>/current see one whole publication, never a mix.
+"""The publication: every file and its manifest, Parquet and JSONL agreeing, a layout that datasets, duckdb,
+polars and pandas open as it is, and atomic as a set: readers of <out>/current see one whole publication,
+never a mix.
 
 Crashes are real: an exception injected at each step of a publication, and a publishing
 process killed with SIGKILL at arbitrary moments.
@@ -6,6 +8,7 @@ process killed with SIGKILL at arbitrary moments.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -13,17 +16,34 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen import files, publish as publishing
-from batchgen.publish import RESULTS, Publication, PublishError, current_publication, verify_publication
-from batchgen.records import ACCEPTED_FIELDS, ATTEMPTS_SCHEMA, REJECTED_FIELDS, Manifest, RunTotals
-from tests.publications import publish_frames, stage_frames
+from batchgen import files
+from batchgen import publish as publishing
+from batchgen.assemble import assemble
+from batchgen.items import load_items
+from batchgen.job import InputSpec, PromptSpec
+from batchgen.prompts import build_prompts
+from batchgen.publish import REJECTED, RESULTS, Publication, PublishError, current_publication, verify_publication
+from batchgen.records import (
+    ACCEPTED_FIELDS,
+    ATTEMPTS_SCHEMA,
+    REJECTED_FIELDS,
+    Manifest,
+    RunTotals,
+)
+from batchgen.retry import latest_attempts
+from batchgen.schema import INPUT_COLUMN_KEY
+from tests.dataset_checks import check_readers
+from tests.frames import COLUMNS, with_verdicts
+from tests.publications import generated, publish_frames, stage_frames
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def dataset(version: int, n: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -127,7 +147,7 @@ def test_crash_at_any_step_leaves_the_previous_publication(tmp_path, monkeypatch
 PUBLISHER = """
 import sys
 from pathlib import Path
-from tests.unit.test_publish_atomic import publish_version
+from tests.unit.batchgen.test_publish import publish_version
 out = Path(sys.argv[1])
 version = int(sys.argv[2])
 while True:
@@ -181,8 +201,6 @@ def test_input_columns_whose_types_vary_by_row_publish_as_json_text(tmp_path):
 
 def test_windows_staged_as_parts_join_into_one_file_per_table(tmp_path):
     """Parts whose columns Arrow inferred differently (null in one window, numbers or text in others) join."""
-    import pyarrow as pa
-
     from batchgen.publish import PARTS
 
     out = tmp_path / "out"
@@ -211,8 +229,6 @@ def test_windows_staged_as_parts_join_into_one_file_per_table(tmp_path):
 
 def test_published_tables_are_written_in_bounded_row_groups(tmp_path):
     """Readers (the shard merge, the report, a dataset scan) decode one row group at a time: keep them bounded."""
-    import pyarrow as pa
-
     from batchgen.publish import ROW_GROUP_ROWS
 
     rows = 2 * ROW_GROUP_ROWS + 5
@@ -278,3 +294,181 @@ def test_commit_prunes_old_publications_but_not_a_staging_being_written(tmp_path
     assert sorted(p.name for p in (out / "publications").iterdir()) == sorted(
         [current_publication(out).name, other.name])
     assert read_current(out) == (4, 5)
+
+
+def test_every_reader_opens_each_table(publication, tmp_path):
+    out, manifest, _ = publication
+    tables = check_readers(out, manifest, tmp_path / "hf-cache")
+    assert sorted(tables["accepted"]["item_id"]) == ["s1", "s3"]
+    assert sorted(tables["rejected"]["item_id"]) == ["s1@row-4", "s2"]
+
+
+def test_input_columns_are_flat_under_their_own_names_or_prefixed(publication):
+    out, _, _ = publication
+    accepted = pd.read_parquet(out / "current" / "accepted").set_index("item_id")
+    # text and stage are batchgen's columns: the input's are input_text (taken by the input itself, so
+    # input_input_text) and input_stage; the id column is item_id, not repeated
+    assert list(accepted.columns[accepted.columns.get_loc("prompt") + 1:][:4]) == [
+        "name", "input_input_text", "input_stage", "input_text"]
+    assert "sku" not in accepted.columns
+    assert accepted.loc["s1", "text"] == "The Mug keeps coffee hot."  # the output
+    assert accepted.loc["s1", "input_input_text"] == "keeps coffee hot"  # the input's text
+    assert (accepted.loc["s1", "input_stage"], accepted.loc["s1", "input_text"]) == ("draft", "a")
+    rejected = pd.read_parquet(out / "current" / "rejected").set_index("item_id")
+    assert rejected.loc["s2", "stage"] == "validate" and rejected.loc["s2", "input_stage"] == "final"
+    assert rejected.loc["s1@row-4", "name"] == "Mug again"
+    # each published input column says which input column it is
+    field = pq.read_schema(out / "current" / RESULTS).field("input_input_text")
+    assert field.metadata[INPUT_COLUMN_KEY] == b"text"
+
+
+def test_row_number_finds_the_row_in_the_input(publication):
+    out, _, path = publication
+    frame = pd.read_csv(path, dtype=str)  # what a user reads the input with
+    for table in ("accepted", "rejected"):
+        for row in pd.read_parquet(out / "current" / table).itertuples():
+            assert frame.iloc[row.row_number - 1]["name"] == row.name, (table, row.item_id)
+    rejected = pd.read_parquet(out / "current" / REJECTED.split("/")[0]).set_index("item_id")
+    assert rejected.loc["s1@row-4", "row_number"] == 4  # the blank line is not counted
+
+
+def publish_scenario(scenario, out_dir: Path, jsonl: bool = True) -> dict[str, Any]:
+    result = assemble(scenario.items, COLUMNS, scenario.early, latest_attempts(scenario.attempts))
+    validation = [{"success": False, "results": [], "statistics": {"evaluated_expectations": 1}}]
+    return publish_frames(out_dir, result.accepted, result.rejected, scenario.attempts, validation,
+                          {"job": "unit", "counts": {"items": 6}}, jsonl)
+
+
+def test_publish_writes_every_file(scenario, tmp_path):
+    out = tmp_path / "out"
+    manifest = publish_scenario(scenario, out)
+
+    assert sorted(p.name for p in out.iterdir()) == [".batchgen", "current", "publications"]
+    names = sorted(str(p.relative_to(out / "current")) for p in (out / "current").rglob("*") if p.is_file())
+    assert names == sorted(["accepted/accepted.parquet", "rejected/rejected.parquet", "attempts/attempts.parquet",
+                            "validation.json", "manifest.json", "README.md", "jsonl/accepted.jsonl",
+                            "jsonl/rejected.jsonl", "jsonl/attempts.jsonl"])
+    assert json.loads((out / "current" / "manifest.json").read_text(encoding="utf-8")) == manifest
+    assert manifest["job"] == "unit" and manifest["counts"]["items"] == 6
+    assert json.loads((out / "current" / "validation.json").read_text(encoding="utf-8"))[0]["success"] is False
+    assert pq.read_table(out / "current" / "accepted").num_rows == 2  # a table is its folder
+    assert pq.read_table(out / "current" / "rejected").num_rows == 4
+    assert pq.read_table(out / "current" / "attempts").num_rows == len(scenario.attempts)
+    assert pq.read_table(out / "current" / "attempts" / "attempts.parquet").schema.equals(ATTEMPTS_SCHEMA)
+
+
+def test_publish_without_jsonl_writes_no_mirrors(scenario, tmp_path):
+    out = tmp_path / "out"
+    manifest = publish_scenario(scenario, out, jsonl=False)
+    assert not list((out / "current").rglob("*.jsonl"))
+    assert sorted(manifest["files"]) == ["README.md", "accepted/accepted.parquet", "attempts/attempts.parquet",
+                                         "rejected/rejected.parquet", "validation.json"]
+
+
+@pytest.mark.parametrize("stem", ["accepted", "rejected", "attempts"])
+def test_parquet_and_jsonl_rows_agree(scenario, tmp_path, stem):
+    out = tmp_path / "out"
+    publish_scenario(scenario, out)
+
+    from_parquet = pq.read_table(out / "current" / stem / f"{stem}.parquet").to_pylist()
+    lines = (out / "current" / "jsonl" / f"{stem}.jsonl").read_text(encoding="utf-8").splitlines()
+    from_jsonl = [json.loads(line) for line in lines]
+
+    assert len(from_parquet) == len(from_jsonl) > 0
+    assert from_jsonl == from_parquet
+
+
+def test_published_rows_hold_the_values(scenario, tmp_path):
+    out = tmp_path / "out"
+    publish_scenario(scenario, out)
+    results = {r["item_id"]: r for r in pq.read_table(out / "current" / "accepted").to_pylist()}
+    rejected = {r["item_id"]: r for r in pq.read_table(out / "current" / "rejected").to_pylist()}
+
+    assert results["p1"]["candidate"] == 1
+    assert (results["p1"]["name"], results["p1"]["feature"]) == ("耳机", "降噪")  # the input's columns, flat
+    assert "input" not in results["p1"]
+    assert results["p2"]["attempt"] == 2
+    assert rejected["line-9"]["candidate"] is None
+    assert (rejected["line-9"]["name"], rejected["line-9"]["feature"]) == (None, None)
+    assert (rejected["p4"]["name"], rejected["p4"]["feature"]) == ("Blank", "")
+    assert rejected["p3"]["reasons"] == ["keyword", "length"]
+    assert rejected["p5"]["reasons"] == ["not_generated"]
+
+
+def test_jsonl_keeps_non_ascii_characters(scenario, tmp_path):
+    out = tmp_path / "out"
+    publish_scenario(scenario, out)
+    raw = (out / "current" / "jsonl" / "accepted.jsonl").read_bytes()
+    assert "耳机".encode("utf-8") in raw
+    assert "这款耳机降噪出色".encode("utf-8") in raw
+    assert b"\\u" not in raw
+    assert "耳机".encode("utf-8") in (out / "current" / "jsonl" / "attempts.jsonl").read_bytes()
+
+
+def test_manifest_records_the_sha256_and_rows_of_each_file(scenario, tmp_path):
+    out = tmp_path / "out"
+    manifest = publish_scenario(scenario, out)
+
+    files = manifest["files"]
+    assert sorted(files) == sorted(["accepted/accepted.parquet", "jsonl/accepted.jsonl", "rejected/rejected.parquet",
+                                    "jsonl/rejected.jsonl", "attempts/attempts.parquet", "jsonl/attempts.jsonl",
+                                    "validation.json", "README.md"])
+    for name, entry in files.items():
+        assert entry["sha256"] == hashlib.sha256((out / "current" / name).read_bytes()).hexdigest(), name
+    assert files["accepted/accepted.parquet"]["rows"] == files["jsonl/accepted.jsonl"]["rows"] == 2
+    assert files["rejected/rejected.parquet"]["rows"] == 4
+    assert files["attempts/attempts.parquet"]["rows"] == len(scenario.attempts)
+
+
+def test_publish_leaves_no_temporary_files(scenario, tmp_path):
+    out = tmp_path / "out"
+    publish_scenario(scenario, out)
+    publish_scenario(scenario, out)  # publishing again adds a publication and switches to it
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".batchgen"]
+    for publication in (out / "publications").iterdir():
+        assert [p.name for p in publication.rglob("*") if p.name.startswith(".")] == []
+
+
+def test_republish_replaces_the_previous_publication(scenario, tmp_path):
+    out = tmp_path / "out"
+    publish_scenario(scenario, out)
+    scenario.attempts = scenario.attempts[scenario.attempts["item_id"] != "p3"]
+    manifest = publish_scenario(scenario, out)
+    rejected = {r["item_id"]: r for r in pq.read_table(out / "current" / "rejected").to_pylist()}
+    assert rejected["p3"]["reasons"] == ["not_generated"]
+    assert manifest["files"]["rejected/rejected.parquet"]["sha256"] == hashlib.sha256(
+        (out / "current" / "rejected" / "rejected.parquet").read_bytes()).hexdigest()
+
+
+def test_input_with_an_empty_csv_cell_publishes(tmp_path):
+    # load -> assemble -> publish, with one empty cell in a column the prompt does not use
+    path = tmp_path / "items.csv"
+    path.write_text("product_id,name,note\np1,Mug,\np2,Boots,waterproof\n", encoding="utf-8")
+    loaded = load_items(InputSpec(path=str(path), id_column="product_id"))
+    attempts = pd.concat([with_verdicts(generated("p1", ["A sturdy mug."]), [[]]),
+                          with_verdicts(generated("p2", ["Dry feet."]), [[]])], ignore_index=True)
+    result = assemble(loaded.items, loaded.columns, loaded.rejected, latest_attempts(attempts))
+
+    publish_frames(tmp_path / "out", result.accepted, result.rejected, attempts, [], {}, True, id_column="product_id")
+
+    rows = {r["item_id"]: r for r in pq.read_table(tmp_path / "out" / "current" / "accepted").to_pylist()}
+    assert {k: rows["p1"][k] for k in ("name", "note")} == {"name": "Mug", "note": None}
+    assert "product_id" not in rows["p1"]  # one id column: item_id holds it
+    assert rows["p2"]["note"] == "waterproof"
+
+
+def test_row_rejected_for_an_empty_field_publishes(tmp_path, tokenizer):
+    # the documented path for an empty template field: missing_field rejection, published with its input
+    path = tmp_path / "items.csv"
+    path.write_text("product_id,name,feature\np1,Mug,hot\np2,Boots,\n", encoding="utf-8")
+    loaded = load_items(InputSpec(path=str(path), id_column="product_id"))
+    built = build_prompts(loaded.items, PromptSpec(template="{{ name }}: {{ feature }}"), tokenizer, 2048,
+                          loaded.columns)
+    attempts = with_verdicts(generated("p1", ["A sturdy mug."]), [[]])
+    result = assemble(loaded.items, loaded.columns, loaded.rejected + built.rejected, latest_attempts(attempts))
+
+    publish_frames(tmp_path / "out", result.accepted, result.rejected, attempts, [], {}, True, id_column="product_id")
+
+    [rejected] = pq.read_table(tmp_path / "out" / "current" / "rejected").to_pylist()
+    assert (rejected["item_id"], rejected["reasons"]) == ("p2", ["missing_field"])
+    assert {k: rejected[k] for k in ("name", "feature")} == {"name": "Boots", "feature": None}

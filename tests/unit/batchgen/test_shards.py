@@ -9,14 +9,13 @@ import sys
 import pandas as pd
 import pytest
 
-from batchgen.assemble import LostItemsError, assemble
+from batchgen.assemble import LostItemsError
 from batchgen.items import LoadedItems, Rejection
 from batchgen.job import JobError, job_from_dict
 from batchgen.publish import RESULTS, current_publication, verify_publication
-from batchgen.retry import latest_attempts
 from batchgen.shards import expected_ids, select_shard, shard_dir, shard_of
-from tests.publications import generated, merge, publish_frames
-from tests.unit.test_assemble_publish import COLUMNS, make_items, with_verdicts
+from tests.frames import publish_shard
+from tests.publications import merge
 
 
 def loaded(n: int, rejected: int = 0) -> LoadedItems:
@@ -52,25 +51,10 @@ def test_shard_fields_come_in_pairs_and_in_range():
         job_from_dict({**base, "input": {"path": "x.csv", "shard_count": 2, "shard_index": 2}})
 
 
-def _publish_shard(out, index, count, ids, rejected_ids=()):
-    """A shard's publication as the publish step writes it: accepted ids pass, the others fail `keyword`."""
-    every = list(ids) + list(rejected_ids)
-    items = make_items([(i, f"name {i}", "feature") for i in every])
-    attempts = pd.concat([with_verdicts(generated(i, [f"text {i}"]), [[] if i in ids else ["keyword"]])
-                          for i in every], ignore_index=True)
-    result = assemble(items, COLUMNS, [], latest_attempts(attempts))
-    manifest = {"counts": {"items": len(every), "accepted": len(ids), "rejected": len(rejected_ids),
-                           "rejected_by_reason": {"keyword": len(rejected_ids)}},
-                "tokens": {"prompt": 10, "output": 5, "generated_this_run": 5},
-                "timings_seconds": {"engine_calls": 1.0}, "flow_run_id": f"run-{index}"}
-    publish_frames(shard_dir(out, index, count), result.accepted, result.rejected, attempts, [], manifest,
-                   jsonl=False)
-
-
 def test_merge_publishes_every_item_once_or_refuses(tmp_path):
     out = tmp_path / "out"
-    _publish_shard(out, 0, 2, ["a", "b"], ["c"])
-    _publish_shard(out, 1, 2, ["d"], [])
+    publish_shard(out, 0, 2, ["a", "b"], ["c"])
+    publish_shard(out, 1, 2, ["d"], [])
     dirs = [shard_dir(out, i, 2) for i in range(2)]
     written, staging = merge(out, dirs, ["a", "b", "c", "d"], {"job": "merged"}, jsonl=False)
     staging.commit()
@@ -83,7 +67,7 @@ def test_merge_publishes_every_item_once_or_refuses(tmp_path):
 
     with pytest.raises(LostItemsError, match="1 items missing"):
         merge(out, dirs, ["a", "b", "c", "d", "e"], {}, jsonl=False)
-    _publish_shard(out, 1, 2, ["d", "a"], [])  # a shard that also published another shard's item
+    publish_shard(out, 1, 2, ["d", "a"], [])  # a shard that also published another shard's item
     with pytest.raises(LostItemsError, match="1 published twice"):
         merge(out, dirs, ["a", "b", "c", "d"], {}, jsonl=False)
 
@@ -93,8 +77,8 @@ def test_merge_copies_tables_in_batches_with_the_same_rows(tmp_path, monkeypatch
 
     out = tmp_path / "out"
     first, second = [f"a{i}" for i in range(9)], [f"b{i}" for i in range(5)]
-    _publish_shard(out, 0, 2, first, ["ra"])
-    _publish_shard(out, 1, 2, second, ["rb1", "rb2"])
+    publish_shard(out, 0, 2, first, ["ra"])
+    publish_shard(out, 1, 2, second, ["rb1", "rb2"])
     dirs = [shard_dir(out, i, 2) for i in range(2)]
     pieces: list[int] = []
     real = shards._pieces

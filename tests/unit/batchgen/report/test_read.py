@@ -11,7 +11,7 @@ import pytest
 from batchgen.publish import ATTEMPTS
 from batchgen.report import write_report
 from batchgen.report.read import NotAPublicationError, expected_keyword, load_publication
-from tests.unit.report.publication import STARTED
+from tests.unit.batchgen.report.publication import STARTED
 
 
 def test_the_synthetic_publication_is_what_the_report_tests_need(published):

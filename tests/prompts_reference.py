@@ -1,30 +1,28 @@
-"""The batched build_prompts gives exactly what the one-row-at-a-time implementation gave.
+"""The one-row-at-a-time implementation of build_prompts, kept in its plain form, to compare the batched one with.
 
-`reference_build_prompts` is the earlier implementation, kept here in its plain form: every
-row rendered with `Template.render`, the chat template applied to one conversation at a time,
-the texts tokenized by the tokenizer's `__call__`. Same prompts, token ids and rejections (with
-their order and details) on the example data and on rows built to be rejected.
+`reference_build_prompts` is the earlier implementation: every row rendered with `Template.render`, the chat
+template applied to one conversation at a time, the texts tokenized by the tokenizer's `__call__`. `compare`
+asserts the same prompts, token ids and rejections (with their order and details) from both.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import jinja2
 import pandas as pd
-import pytest
 
-from batchgen.items import Rejection, load_items
-from batchgen.job import InputSpec, PromptSpec, load_job
+from batchgen.items import Rejection
+from batchgen.job import PromptSpec
 from batchgen.prompts import (
-    MessagesError, _ENV, build_prompts, check_template_columns, conversation, is_blank, wrong_type,
+    _ENV,
+    MessagesError,
+    build_prompts,
+    check_template_columns,
+    conversation,
+    is_blank,
+    wrong_type,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "examples"))
-import make_products  # noqa: E402
 
 
 def _render(source: str, row: dict[str, Any]) -> str:
@@ -98,15 +96,6 @@ def compare(items: pd.DataFrame, spec: PromptSpec, tokenizer: Any, max_len: int,
     return len(got)
 
 
-@pytest.mark.parametrize("job", ["product_descriptions.yaml", "product_descriptions_zh.yaml"])
-def test_example_jobs_give_the_same_prompts_and_token_ids(job, tokenizer, tmp_path):
-    spec = load_job(ROOT / "examples" / job)
-    table = make_products.ZH if job.endswith("_zh.yaml") else make_products.EN
-    make_products.write_csv(tmp_path / "products.csv", make_products.products(table, 2000, 7))
-    loaded = load_items(InputSpec(path=str(tmp_path / "products.csv"), id_column="product_id"))
-    assert compare(loaded.items, spec.prompt, tokenizer, 8192, loaded.columns, "name") == 2000
-
-
 def rows_to_reject() -> tuple[pd.DataFrame, list[str]]:
     columns = ["name", "feature", "chat"]
     rows = [
@@ -122,16 +111,3 @@ def rows_to_reject() -> tuple[pd.DataFrame, list[str]]:
     frame.insert(0, "row_number", pd.Series(range(2, len(rows) + 2), dtype="int64"))
     frame.insert(0, "item_id", pd.Series([f"i{i}" for i in range(len(rows))], dtype="string"))
     return frame, columns
-
-
-@pytest.mark.parametrize("spec", [
-    PromptSpec(system="You write copy.", template="Describe {{ name }} ({{ feature }})."),
-    PromptSpec(system="You write copy for {{ feature }}.", template="Describe {{ name }}."),
-    PromptSpec(template="Describe {{ name }}."),
-    PromptSpec(style="completion", template="{{ name }}: {{ feature }} ->"),
-    PromptSpec(template="{% if feature == 'hot' %}   {% else %}{{ name }}{% endif %}"),  # empty_prompt rows
-    PromptSpec(system="Be brief.", messages_column="chat"),
-], ids=["chat", "system-with-column", "no-system", "completion", "empty", "messages"])
-def test_rejections_and_prompts_match_row_for_row(spec, tokenizer):
-    items, columns = rows_to_reject()
-    compare(items, spec, tokenizer, 512, columns, "name")

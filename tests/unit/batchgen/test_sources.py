@@ -1,4 +1,4 @@
-"""More inputs: folders and globs of Parquet files, datasets save_to_disk folders, JSON arrays, s3:// URLs."""
+"""Where inputs come from: folders and globs of Parquet files, datasets save_to_disk folders, s3:// URLs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.items import DataError, json_elements, load_items
+from batchgen.items import DataError, load_items
 from batchgen.job import InputSpec
 from tests.servers import moto_s3
 
@@ -84,41 +84,6 @@ def test_a_datasets_save_to_disk_folder(tmp_path):
     with pytest.raises(DataError, match=r"DatasetDict folder \(splits: train\); set input.path to one split's"):
         load_items(InputSpec(path=str(tmp_path / "dict")))
     assert len(load_items(InputSpec(path=str(tmp_path / "dict" / "train"))).items) == 7
-
-
-def test_a_json_array_of_objects(tmp_path):
-    path = tmp_path / "items.json"
-    path.write_text(json.dumps([{"sku": "a", "name": "Mug"}, ["not", "an", "object"], {"sku": "b", "name": "Lamp"}],
-                               indent=2), encoding="utf-8")
-    loaded = load_items(InputSpec(path=str(path), id_column="sku"))
-    assert list(loaded.items["item_id"]) == ["a", "b"]
-    assert list(loaded.items["row_number"]) == [1, 3]
-    [bad] = loaded.rejected
-    assert bad.reasons == ["invalid_json"] and bad.row_number == 2
-    assert bad.detail == "element 2 (line 6): expected a JSON object, got list"
-
-
-@pytest.mark.parametrize("text, message", [
-    ('{"sku": "a"}', "line 1: expected a JSON array of objects, found '{'"),
-    ('[{"sku": "a"},\n {"sku": }]', "line 2: not a JSON array: Expecting value"),
-    ('[{"sku": "a"} {"sku": "b"}]', "line 1: not a JSON array: expected ',' or ']', found '{'"),
-    ('[{"sku": "a"},\n', "line 2: the JSON array is never closed"),
-    ("[]", "input file has no rows (an empty JSON array)"),
-])
-def test_a_json_file_that_is_not_an_array_of_objects_names_the_line(tmp_path, text, message):
-    path = tmp_path / "items.json"
-    path.write_text(text, encoding="utf-8")
-    with pytest.raises(DataError, match=f"{path}: " + message.replace("(", r"\(").replace(")", r"\)")
-                       .replace("[", r"\[").replace("]", r"\]")):
-        load_items(InputSpec(path=str(path)))
-
-
-def test_json_elements_across_small_blocks():
-    values = [{"a": "x" * 10, "n": 12345}, 678, "text, with a comma ]", [1, 2], None, {"b": {"c": [3]}}]
-    text = json.dumps(values, indent=1)
-    for block in (1, 2, 3, 7, 64):
-        assert [v for _, v in json_elements(io.StringIO(text), block=block)] == values, block
-    assert [line for line, _ in json_elements(io.StringIO(text), block=5)][:2] == [2, 6]
 
 
 @pytest.fixture(scope="module")

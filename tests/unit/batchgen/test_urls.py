@@ -6,7 +6,7 @@ import pytest
 
 from batchgen.job import JobError, job_from_dict
 from batchgen.urls import masked
-from tests.unit.test_remote import _job
+from tests.jobs import job_publishing_to
 
 
 @pytest.mark.parametrize("url, leaked", [
@@ -15,7 +15,7 @@ from tests.unit.test_remote import _job
 ])
 def test_credentials_in_the_url_are_refused_without_echoing_them(tmp_path, url, leaked):
     with pytest.raises(JobError, match="output.publish_to: .*credentials must not be written into the job") as err:
-        job_from_dict(_job(tmp_path, url))
+        job_from_dict(job_publishing_to(tmp_path, url))
     assert leaked not in str(err.value)
 
 
@@ -26,7 +26,7 @@ def test_credentials_in_the_url_are_refused_without_echoing_them(tmp_path, url, 
 ])
 def test_unusable_urls_are_refused_naming_the_field(tmp_path, url, expected):
     with pytest.raises(JobError, match=f"output.publish_to: .*{expected}"):
-        job_from_dict(_job(tmp_path, url))
+        job_from_dict(job_publishing_to(tmp_path, url))
 
 
 @pytest.mark.parametrize("url, shown", [
