@@ -1,5 +1,6 @@
-"""A real publication the publish and card tests read: a CSV loaded by load_items, assembled and
-published with the card; the engine's outputs are made by hand, since what is checked is the layout."""
+"""Fixtures of the batchgen tests that several modules use: a real publication (a CSV loaded by load_items,
+assembled and published with the card; the engine's outputs made by hand, since what is checked is the layout),
+the five-item assembly scenario, and a hash cache of the test's own."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from batchgen import provenance
 from batchgen.assemble import assemble
 from batchgen.items import load_items
 from batchgen.job import InputSpec
@@ -70,3 +72,12 @@ def scenario():
         with_verdicts(generated("p3", ["Buy now", "Click https://x"]), [["keyword", "length"], ["must_not_match"]]),
     ], ignore_index=True)
     return SimpleNamespace(items=items, early=early, attempts=attempts)
+
+
+@pytest.fixture
+def hash_cache(tmp_path, monkeypatch):
+    """The hash cache in a folder of the test's own (the model cache stays where it is)."""
+    monkeypatch.setattr(provenance, "_hash_cache", lambda: tmp_path / "cache" / provenance.HASHES)
+    provenance._MEMORY.clear()
+    yield tmp_path / "cache"
+    provenance._MEMORY.clear()

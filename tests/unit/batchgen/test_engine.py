@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from batchgen.engine import CPU_BLOCK_SIZE, engine_args, engine_in_process
@@ -31,3 +33,8 @@ def test_engine_args_are_vllm_keyword_arguments_only(tmp_path):
     gpu = engine_args(EngineSpec(tensor_parallel_size=2, gpu_memory_utilization=0.8), model, cpu=False)
     assert gpu["tensor_parallel_size"] == 2 and gpu["gpu_memory_utilization"] == 0.8
     assert "block_size" not in gpu and gpu["enforce_eager"] is False
+    # what the LLM is built with: each key a field of vLLM's own EngineArgs, or LLM(...) refuses it
+    from vllm import EngineArgs
+
+    fields = {field.name for field in dataclasses.fields(EngineArgs)}
+    assert set(cpu) - fields == set() and set(gpu) - fields == set()

@@ -1,10 +1,19 @@
-"""A window's tally (counts, truncation, rescued items, tokens) from hand-made tables, as the manifest counts them."""
+"""The manifest: a window's tally (counts, truncation, rescued items, tokens) from hand-made tables, and what
+build_manifest records of the prompt, the input, the model, the software and the code."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+from pathlib import Path
+
 import pandas as pd
 
-from batchgen.manifest import package_versions, tally, truncation_counts
+from batchgen import provenance
+from batchgen.job import job_from_dict
+from batchgen.manifest import build_manifest, package_versions, tally, truncation_counts
+from batchgen.models import ModelRef
+from batchgen.records import EngineStats, RunTotals, Tally
+from tests.provenance_checks import git, sha
 
 
 def attempt(item_id: str, attempt_no: int, finish_reason: str, failed: list[str], candidate: int = 0) -> dict:
@@ -66,3 +75,51 @@ def test_a_window_of_only_rejections_tallies_without_attempts():
 def test_package_versions_name_the_installed_ones_and_leave_out_absent_ones():
     versions = package_versions(("pandas", "no-such-distribution-batchgen"))
     assert versions == {"pandas": pd.__version__}
+
+
+COUNTED = {"items": 3, "accepted": 2, "rejected": 1, "generated_items": 3, "truncated_first_pass": 1,
+           "truncated_final": 0, "attempts": 4, "retry_attempts": 1, "rejected_by_reason": {"keyword": 1},
+           "prompt_tokens": 60, "output_tokens": 40}
+
+
+def test_manifest_records_prompt_input_model_software_and_code(tmp_path, hash_cache):
+    from tests.unit.conftest import MODEL_DIR
+
+    data = tmp_path / "items.csv"
+    data.write_text("id,name\n1,Mug\n2,Lamp\n3,Kettle\n", encoding="utf-8")
+    model = tmp_path / "model"
+    model.mkdir()
+    for path in MODEL_DIR.iterdir():  # the default model's files, linked rather than copied (500 MB)
+        (model / path.name).symlink_to(path)
+    job = job_from_dict({
+        "input": {"path": str(data), "id_column": "id"},
+        "prompt": {"system": "You write copy.", "template": "Describe {{ name }}."},
+        "engine": {"model": str(model), "dtype": "bfloat16"},
+        "output": {"dir": str(tmp_path / "out")},
+    })
+    totals = RunTotals(tally=Tally(**COUNTED), model=ModelRef(name="model", path=str(model)),
+                       engine=EngineStats(fresh_output_tokens=40, engine_args={"dtype": "bfloat16", "seed": 0}))
+    manifest = build_manifest(job, totals, {"engine_calls": 2.0}, datetime.now(timezone.utc), None)
+
+    prompt = manifest["prompt"]
+    assert prompt["template"] == "Describe {{ name }}." and prompt["system"] == "You write copy."
+    assert prompt["template_sha256"] == sha(b"Describe {{ name }}.")
+    assert prompt["system_sha256"] == sha(b"You write copy.")
+
+    assert manifest["input_file"] == {"path": str(data), "rows_read": 3, "size_bytes": data.stat().st_size,
+                                      "sha256": sha(data.read_bytes())}
+
+    recorded = manifest["model"]
+    assert recorded["source"] == "folder"
+    weights = next(model.glob("*.safetensors"))
+    assert recorded["files"][weights.name] == sha(weights.read_bytes())
+    assert recorded["files_sha256"] == provenance.folder_sha256(model)[0]
+
+    # No engine ran in this process: the dtype vLLM used is unknown, and says so rather than repeating the job's.
+    assert manifest["engine_loaded"]["dtype"] is None and manifest["engine_loaded"]["dtype_requested"] == "bfloat16"
+    assert {"vllm", "torch", "cuda", "python"} <= set(manifest["versions"])
+    assert manifest["machine"]["device"] in ("cpu", "cuda") and manifest["machine"]["device_names"]
+    code = manifest["code"]
+    root = Path(provenance.__file__).resolve().parents[1]
+    if (root / ".git").exists():  # a checkout (a worktree has a .git file): its commit
+        assert code["commit"] == git(root, "rev-parse", "HEAD")
