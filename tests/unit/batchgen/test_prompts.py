@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import make_products
+import make_products  # examples/, which tests/conftest.py puts on the path
 import pandas as pd
 import pytest
 
