@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from tests.test_cli import run_cli
-from tests.unit.report.publication import make_publication
+from tests.unit.batchgen.report.publication import make_publication
 
 
 def test_report_help_says_what_it_reads_and_writes(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.browser import browser_page, open_page, screenshot
 from tests.e2e.report_checks import assert_styled, check_data_docs_index, record_requests
-from tests.unit.report.publication import make_publication
+from tests.unit.batchgen.report.publication import make_publication
 from batchgen.report import write_report
 
 

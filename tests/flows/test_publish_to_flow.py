@@ -33,7 +33,8 @@ def test_a_run_is_copied_to_the_bucket_with_its_report(tmp_path, prefect_server,
 
         keys = boto3.client("s3", endpoint_url=endpoint).list_objects_v2(Bucket=BUCKET, Prefix="products/")
         names = {item["Key"] for item in keys["Contents"]}
-        # the report and Data Docs travel with the data (a second run switching current.json: tests/unit/test_remote.py)
+        # the report and Data Docs travel with the data
+        # (a second run switching current.json: tests/unit/batchgen/test_remote.py)
         assert f"products/publications/{first['publication']}/report.html" in names
         assert f"products/publications/{first['publication']}/data_docs/index.html" in names
 

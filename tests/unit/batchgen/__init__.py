@@ -1,0 +1,1 @@
+"""Tests of the batchgen package, one module per module."""

@@ -1,0 +1,460 @@
+"""Generation helpers: vLLM's sampling parameters from the job, flattening engine outputs (logprobs, beam
+search), request keys, and run_requests with a stand-in engine."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from types import SimpleNamespace
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from batchgen.generation import (
+    GenRequest,
+    beam_rows,
+    engine_budget,
+    first_pass_requests,
+    output_rows,
+    request_key,
+    run_requests,
+    sampling_kwargs,
+    sampling_params,
+    top_logprobs,
+)
+from batchgen.job import RetrySpec, SamplingSpec, job_from_dict
+from batchgen.retry import plan_retries
+from tests.engines import stand_in_engine
+from tests.jobs import job_with
+from tests.sampling import PASSTHROUGH_VALUES, SCHEMA, params_of
+
+MODEL = '{"model": "/models/smollm2", "dtype": "auto"}'
+
+
+def completion(index: int = 0, text: str = "A sturdy mug.", token_ids=(11, 12, 13), logprob=-1.25,
+               finish_reason="stop", stop_reason=None) -> SimpleNamespace:
+    return SimpleNamespace(index=index, text=text, token_ids=list(token_ids), cumulative_logprob=logprob,
+                           finish_reason=finish_reason, stop_reason=stop_reason)
+
+
+def request_output(request_id: str, *completions: SimpleNamespace) -> SimpleNamespace:
+    return SimpleNamespace(request_id=request_id, outputs=list(completions))
+
+
+def request(item_id: str = "p1", **kwargs: Any) -> GenRequest:
+    values = {"prompt": f"<prompt {item_id}>", "prompt_token_ids": [1, 2, 3, 4], "max_tokens": 16}
+    values.update(kwargs)
+    return GenRequest(item_id=item_id, **values)
+
+
+# ---------------------------------------------------------------- output_rows
+
+def test_output_rows_keeps_every_field():
+    req = request("p1", max_tokens=16, n=2)
+    out = request_output("req-7", completion(0, "A sturdy mug.", [11, 12, 13], -1.25, "stop", None),
+                         completion(1, "Keeps coffee hot and", [21, 22, 23, 24], -3.5, "length", None))
+
+    rows = output_rows(req, out, "key-1", 0.75)
+
+    assert [dataclasses.asdict(r) for r in rows] == [  # every field, as the store writes it
+        {"item_id": "p1", "candidate": 0, "attempt": 1, "strategy": "first", "request_key": "key-1",
+         "request_id": "req-7", "prompt": "<prompt p1>", "prompt_token_ids": [1, 2, 3, 4], "n_prompt_tokens": 4,
+         "text": "A sturdy mug.", "token_ids": [11, 12, 13], "n_output_tokens": 3, "new_output_tokens": 3,
+         "cumulative_logprob": -1.25, "finish_reason": "stop", "stop_reason": None, "max_tokens": 16,
+         "temperature": None, "lora": None, "logprobs": None, "prompt_logprobs": None, "chunk_seconds": 0.75, "chunk_finished_at": None},
+        {"item_id": "p1", "candidate": 1, "attempt": 1, "strategy": "first", "request_key": "key-1",
+         "request_id": "req-7", "prompt": "<prompt p1>", "prompt_token_ids": [1, 2, 3, 4], "n_prompt_tokens": 4,
+         "text": "Keeps coffee hot and", "token_ids": [21, 22, 23, 24], "n_output_tokens": 4,
+         "new_output_tokens": 4, "cumulative_logprob": -3.5, "finish_reason": "length", "stop_reason": None,
+         "max_tokens": 16, "temperature": None, "lora": None, "logprobs": None, "prompt_logprobs": None, "chunk_seconds": 0.75, "chunk_finished_at": None},
+    ]
+
+
+def test_output_rows_of_a_retry_keep_the_retried_candidate():
+    req = request("p1", attempt=2, strategy="grow", candidate=3, n=1, max_tokens=32)
+    rows = output_rows(req, request_output(9, completion(0)), "k", 0.1)
+    assert [(r.candidate, r.attempt, r.strategy, r.max_tokens) for r in rows] == [(3, 2, "grow", 32)]
+    assert rows[0].request_id == "9"  # request ids are text
+
+
+def test_output_rows_stop_reason_and_missing_finish_reason():
+    rows = output_rows(request(), request_output("r", completion(stop_reason=2, finish_reason=None),
+                                                 completion(index=1, stop_reason="\n\n")), "k", 0.0)
+    assert rows[0].stop_reason == "2"  # a stop token id, as text
+    assert rows[0].finish_reason == "unknown"
+    assert rows[1].stop_reason == "\n\n"
+
+
+def test_continuation_concatenates_the_prefix_and_sums_logprobs():
+    req = request("p1", attempt=2, strategy="continue", candidate=0, max_tokens=32,
+                  prefix_text="The mug keeps ", prefix_token_ids=[11, 12, 13], prefix_logprob=-2.0)
+    out = request_output("r2", completion(0, "coffee hot.", [14, 15], -0.5, "stop"))
+
+    [row] = output_rows(req, out, "k2", 0.2)
+
+    assert row.text == "The mug keeps coffee hot."
+    assert row.token_ids == [11, 12, 13, 14, 15]
+    assert row.n_output_tokens == 5
+    assert row.new_output_tokens == 2
+    assert row.cumulative_logprob == pytest.approx(-2.5)
+    assert row.prompt_token_ids == [1, 2, 3, 4]  # the prompt does not absorb the prefix
+    assert row.n_prompt_tokens == 4
+
+
+def test_continuation_with_an_unknown_prefix_logprob_has_no_logprob():
+    req = request(strategy="continue", attempt=2, candidate=0, prefix_text="ab", prefix_token_ids=[5],
+                  prefix_logprob=None)
+    [row] = output_rows(req, request_output("r", completion(logprob=-1.0)), "k", 0.0)
+    assert row.cumulative_logprob is None
+
+
+# ---------------------------------------------------------------- request_key
+
+BASE_SAMPLING = sampling_kwargs(SamplingSpec(temperature=0.7, max_tokens=16))
+
+
+def key(req: GenRequest | None = None, sampling: dict[str, Any] | None = None, model: str = MODEL) -> str:
+    return request_key(req or request(), sampling or BASE_SAMPLING, model)
+
+
+def test_request_key_is_stable():
+    assert key() == key(request(), sampling_kwargs(SamplingSpec(temperature=0.7, max_tokens=16)), MODEL)
+    assert len(key()) == 32
+
+
+@pytest.mark.parametrize("changed", [
+    pytest.param(lambda: key(request(max_tokens=32)), id="max_tokens"),
+    pytest.param(lambda: key(request(prompt_token_ids=[1, 2, 3, 5])), id="prompt-ids"),
+    pytest.param(lambda: key(model='{"model": "/models/other", "dtype": "auto"}'), id="model"),
+    pytest.param(lambda: key(sampling=sampling_kwargs(SamplingSpec(temperature=0.8, max_tokens=16))),
+                 id="temperature"),
+    pytest.param(lambda: key(sampling=sampling_kwargs(SamplingSpec(temperature=0.7, max_tokens=16, stop=["\n"]))),
+                 id="stop"),
+    pytest.param(lambda: key(request("p2")), id="item"),
+    pytest.param(lambda: key(request(n=2)), id="n"),
+    pytest.param(lambda: key(request(attempt=2, strategy="grow", candidate=0)), id="attempt"),
+    pytest.param(lambda: key(request(prefix_token_ids=[9])), id="prefix"),
+])
+def test_request_key_changes_with_what_shapes_the_output(changed):
+    assert changed() != key()
+
+
+def test_request_key_ignores_the_job_level_budget_and_prompt_text():
+    # the request's own budget counts, not the job's first-pass max_tokens; the text is a view of the ids
+    other_budget = sampling_kwargs(SamplingSpec(temperature=0.7, max_tokens=999))
+    assert key(sampling=other_budget) == key()
+    assert key(request(prompt="same ids, other text")) == key()
+
+
+# ---------------------------------------------------------------- run_requests with a stand-in engine
+
+class FakeLLM:
+    """Answers like vllm.LLM.generate: one RequestOutput per prompt, n completions each, in order."""
+
+    def __init__(self, finish_reason: str = "stop"):
+        self.calls: list[tuple[list[Any], list[Any]]] = []
+        self.finish_reason = finish_reason
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        assert use_tqdm is False
+        assert len(prompts) == len(sampling_params)
+        self.calls.append((list(prompts), list(sampling_params)))
+        outputs = []
+        for prompt, params in zip(prompts, sampling_params):
+            ids = list(prompt["prompt_token_ids"])
+            outputs.append(request_output(
+                f"req-{len(self.calls)}-{len(outputs)}",
+                *[completion(i, f"out {ids[0]}/{i}", [900 + i] * params.max_tokens, -0.1 * params.max_tokens,
+                             self.finish_reason) for i in range(params.n)],
+            ))
+        return outputs
+
+
+class Factory:
+    """An engine over the fake LLM, fed through batchgen's engine stream (one step answers what was added)."""
+
+    def __init__(self, llm: FakeLLM):
+        self.llm = llm
+        self.engine = stand_in_engine(llm)
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.engine
+
+
+def many_requests(count: int, n: int = 1) -> list[GenRequest]:
+    return [request(f"p{i}", prompt_token_ids=[1000 + i, 7, 8], max_tokens=4, n=n) for i in range(count)]
+
+
+def test_run_requests_sends_every_request_with_its_budget_and_sampling():
+    llm = FakeLLM()
+    factory = Factory(llm)
+    sampling = SamplingSpec(temperature=0.7, top_p=0.9, max_tokens=4, n=2, stop=["\n\n"])
+    reqs = many_requests(3, n=2)
+
+    rows, reused, *_ = run_requests(factory, reqs, sampling, MODEL, commit_every=10)
+
+    assert reused == 0 and factory.calls == 1 and len(llm.calls) == 1
+    prompts, params = llm.calls[0]
+    assert [p["prompt_token_ids"] for p in prompts] == [[1000, 7, 8], [1001, 7, 8], [1002, 7, 8]]
+    for p in params:
+        assert (p.max_tokens, p.n, p.temperature, p.top_p, p.stop) == (4, 2, 0.7, 0.9, ["\n\n"])
+    assert len(rows) == 6  # 3 requests x 2 candidates
+    assert sorted((r.item_id, r.candidate) for r in rows) == [
+        (f"p{i}", c) for i in range(3) for c in range(2)]
+    keys = {r.item_id: r.request_key for r in rows}
+    assert keys == {q.item_id: request_key(q, sampling_kwargs(sampling), MODEL) for q in reqs}
+
+
+@pytest.mark.parametrize(("count", "chunk_size"), [(10, 3), (9, 3), (1, 512), (7, 1)])
+def test_run_requests_feeds_every_request_at_once_and_commits_in_chunks(count, chunk_size):
+    llm = FakeLLM()
+    seen: list[dict[str, Any]] = []
+    progress: list[tuple[int, int]] = []
+
+    def on_chunk(new_rows, finished, total):
+        seen.extend(new_rows)
+        progress.append((finished, total))
+
+    rows, reused, *_ = run_requests(Factory(llm), many_requests(count), SamplingSpec(max_tokens=4), MODEL,
+                                commit_every=chunk_size, on_commit=on_chunk)
+
+    assert [len(prompts) for prompts, _ in llm.calls] == [count]  # no drain between chunks: one engine step
+    commits = [b - a for (a, _), (b, _) in zip([(0, count)] + progress, progress)]
+    assert commits == [min(chunk_size, count - start) for start in range(0, count, chunk_size)]
+    assert len(seen) == count == len(rows)
+    assert sorted(r.item_id for r in seen) == sorted(f"p{i}" for i in range(count))  # each row once
+    assert seen == rows
+    assert progress[-1] == (count, count)
+    assert [f for f, _ in progress] == sorted(f for f, _ in progress)
+
+
+def test_run_requests_reuses_done_results_without_asking_the_engine():
+    sampling = SamplingSpec(max_tokens=4)
+    reqs = many_requests(5)
+    first_rows, *_ = run_requests(Factory(FakeLLM()), reqs[:3], sampling, MODEL, commit_every=2)
+    done: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in first_rows:
+        done[row.request_key].append(row)
+
+    llm = FakeLLM()
+    seen: list[dict[str, Any]] = []
+    progress: list[tuple[int, int]] = []
+
+    def on_chunk(new_rows, finished, total):
+        seen.extend(new_rows)
+        progress.append((finished, total))
+
+    rows, reused, *_ = run_requests(Factory(llm), reqs, sampling, MODEL, commit_every=2, done=done, on_commit=on_chunk)
+
+    assert reused == 3
+    sent = [p["prompt_token_ids"][0] for prompts, _ in llm.calls for p in prompts]
+    assert sent == [1003, 1004]  # only p3 and p4 reach the engine
+    assert len(llm.calls) == 1
+    assert sorted(r.item_id for r in rows) == [f"p{i}" for i in range(5)]
+    assert [r for r in rows if r.item_id in ("p0", "p1", "p2")] == first_rows  # reused as committed
+    assert sorted(r.item_id for r in seen) == ["p3", "p4"]  # only new rows are handed on for commit
+    assert progress == [(3, 5), (5, 5)]
+
+
+def test_run_requests_asks_a_loader_once_for_exactly_its_requests_keys(tmp_path):
+    from batchgen.store import ResultStore
+
+    sampling = SamplingSpec(max_tokens=4)
+    reqs = many_requests(5)
+    store = ResultStore(tmp_path / "results")
+    first_rows, *_ = run_requests(Factory(FakeLLM()), reqs[:3], sampling, MODEL, commit_every=2)
+    store.commit(first_rows)
+    asked: list[set[str]] = []
+
+    def loader(keys: set[str]):
+        asked.append(keys)
+        return store.load(keys)
+
+    llm = FakeLLM()
+    rows, reused, *_ = run_requests(Factory(llm), reqs[1:], sampling, MODEL, commit_every=2, done=loader)
+
+    assert len(asked) == 1 and len(asked[0]) == 4  # p1..p4, each key once
+    assert {r.request_key for r in first_rows[1:]} <= asked[0]
+    assert first_rows[0].request_key not in asked[0]  # p0 is not this call's
+    assert reused == 2
+    assert [p["prompt_token_ids"][0] for prompts, _ in llm.calls for p in prompts] == [1003, 1004]
+    assert sorted(r.item_id for r in rows) == [f"p{i}" for i in range(1, 5)]
+
+
+def test_run_requests_never_builds_the_engine_when_nothing_is_pending():
+    sampling = SamplingSpec(max_tokens=4)
+    reqs = many_requests(2)
+    first_rows, *_ = run_requests(Factory(FakeLLM()), reqs, sampling, MODEL, commit_every=8)
+    done = {row.request_key: [row] for row in first_rows}
+
+    def factory():
+        raise AssertionError("the engine was started although every request was done")
+
+    rows, reused, *_ = run_requests(factory, reqs, sampling, MODEL, commit_every=8, done=done)
+    assert reused == 2 and rows == first_rows
+
+    rows, reused, *_ = run_requests(factory, [], sampling, MODEL, commit_every=8)
+    assert (rows, reused) == ([], 0)
+
+
+def test_run_requests_with_another_model_does_not_reuse_results():
+    sampling = SamplingSpec(max_tokens=4)
+    reqs = many_requests(2)
+    first_rows, *_ = run_requests(Factory(FakeLLM()), reqs, sampling, MODEL, commit_every=8)
+    done = {row.request_key: [row] for row in first_rows}
+    llm = FakeLLM()
+    _, reused, *_ = run_requests(Factory(llm), reqs, sampling, '{"model": "/models/other"}', commit_every=8, done=done)
+    assert reused == 0 and len(llm.calls) == 1
+
+
+def _cut_first_pass(sampling: SamplingSpec) -> pd.DataFrame:
+    prompts = pd.DataFrame({"item_id": ["p1"], "prompt": ["<p1>"], "prompt_token_ids": [[1, 2, 3]],
+                            "n_prompt_tokens": [3]})
+    rows, *_ = run_requests(Factory(FakeLLM("length")), first_pass_requests(prompts, sampling), sampling, MODEL, 8)
+    return pd.DataFrame(rows)
+
+
+def test_continue_retry_sends_prompt_plus_prefix_and_asks_only_for_the_rest():
+    sampling = SamplingSpec(max_tokens=8)
+    first = _cut_first_pass(sampling)
+    assert first["n_output_tokens"].tolist() == [8]
+    [retry] = plan_retries(first, RetrySpec(strategy="continue", growth_factor=2), max_model_len=2048)
+    llm = FakeLLM()
+
+    [row], *_ = run_requests(Factory(llm), [retry], sampling, MODEL, commit_every=8)
+
+    [prompt], [params] = llm.calls[0]
+    assert prompt["prompt_token_ids"] == [1, 2, 3] + [900] * 8
+    assert params.max_tokens == 8  # 16 in all, 8 already there
+    assert row.n_output_tokens == 16 and row.new_output_tokens == 8
+    assert row.text == "out 1/0out 1/0"
+    assert row.cumulative_logprob == pytest.approx(-1.6)
+
+
+def test_continue_retry_with_min_tokens_is_a_valid_engine_request():
+    # min_tokens counts the whole output; a continuation already holds the prefix, so the engine
+    # must not be asked for more new tokens than the remaining budget allows.
+    sampling = SamplingSpec(max_tokens=8, min_tokens=8)
+    first = _cut_first_pass(sampling)
+    [retry] = plan_retries(first, RetrySpec(strategy="continue", growth_factor=1.5), max_model_len=2048)
+    assert (retry.max_tokens, len(retry.prefix_token_ids)) == (12, 8)
+    llm = FakeLLM()
+
+    [row], *_ = run_requests(Factory(llm), [retry], sampling, MODEL, commit_every=8)
+
+    [_], [params] = llm.calls[0]
+    assert params.max_tokens == 4
+    assert params.min_tokens <= params.max_tokens
+    assert row.n_output_tokens == 12
+
+
+def test_json_schema_goes_to_the_engine_as_structured_outputs():
+    kwargs = sampling_kwargs(SamplingSpec(json_schema=SCHEMA, max_tokens=32))
+    assert kwargs["structured_outputs"] == {"json": SCHEMA}
+    assert not {"json_schema", "selection", "best_of", "overrides", "use_beam_search"} & set(kwargs)
+
+    params = sampling_params(engine_budget(kwargs, GenRequest("p1", "x", [1], max_tokens=32)))
+    assert params.structured_outputs.json == SCHEMA and params.max_tokens == 32
+
+
+def lp(value: float, rank: int, token: str) -> SimpleNamespace:
+    return SimpleNamespace(logprob=value, rank=rank, decoded_token=token)
+
+
+def test_top_logprobs_are_kept_per_token_best_first_and_continuations_keep_the_prefix():
+    positions = [{5: lp(-2.0, 3, "x"), 1: lp(-0.1, 1, "a")}, {7: lp(-0.3, 1, "b")}]
+    assert top_logprobs(positions) == [
+        [{"token_id": 1, "token": "a", "logprob": -0.1, "rank": 1},
+         {"token_id": 5, "token": "x", "logprob": -2.0, "rank": 3}],
+        [{"token_id": 7, "token": "b", "logprob": -0.3, "rank": 1}],
+    ]
+    prefix = [[{"token_id": 9, "token": "z", "logprob": -1.0, "rank": 1}]]
+    request = GenRequest("p1", "x", [1, 2], max_tokens=8, prefix_token_ids=[9], prefix_text="z",
+                         prefix_logprobs=prefix, strategy="continue", attempt=2, candidate=0)
+    out = SimpleNamespace(request_id="r", outputs=[SimpleNamespace(
+        index=0, text="b", token_ids=[7], cumulative_logprob=-0.3, finish_reason="stop", stop_reason=None,
+        logprobs=[{7: lp(-0.3, 1, "b")}])])
+    row = output_rows(request, out, "k", 0.1, keep_logprobs=True)[0]
+    assert row.logprobs == prefix + [[{"token_id": 7, "token": "b", "logprob": -0.3, "rank": 1}]]
+    assert output_rows(request, out, "k", 0.1)[0].logprobs is None  # not asked: not kept
+
+
+class FakeTokenizer:
+    eos_token_id = 2
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(f"t{i}" for i in ids if not (skip_special_tokens and i == self.eos_token_id))
+
+
+def test_beam_rows_hold_only_the_generated_tokens_ranked_with_finish_reasons():
+    request = GenRequest("p1", "prompt", [100, 101], max_tokens=3, n=2)
+    output = SimpleNamespace(sequences=[
+        SimpleNamespace(tokens=[100, 101, 7, 2], cum_logprob=-1.5, logprobs=[{7: lp(-1.0, 1, "7")}, {2: lp(-.5, 1, "")}]),
+        SimpleNamespace(tokens=[100, 101, 8, 9, 10], cum_logprob=-4.0, logprobs=[{}, {}, {}]),
+    ])
+    rows = beam_rows(request, output, "key", 0.5, None, FakeTokenizer(), keep_logprobs=None)
+    assert [r.candidate for r in rows] == [0, 1]
+    assert rows[0].token_ids == [7, 2] and rows[0].text == "t7" and rows[0].finish_reason == "stop"
+    assert rows[1].n_output_tokens == 3 and rows[1].finish_reason == "length"
+    assert rows[0].cumulative_logprob == -1.5 and rows[0].logprobs is None
+    kept = beam_rows(request, output, "key", 0.5, None, FakeTokenizer(), keep_logprobs=1)
+    assert kept[0].logprobs == [[{"token_id": 7, "token": "7", "logprob": -1.0, "rank": 1}],
+                                   [{"token_id": 2, "token": "", "logprob": -0.5, "rank": 1}]]
+
+
+def test_beam_search_kwargs_are_beam_search_params():
+    kwargs = sampling_kwargs(SamplingSpec(use_beam_search=True, beam_width=3, length_penalty=0.5, max_tokens=9))
+    assert kwargs == {"beam_search": True, "beam_width": 3, "max_tokens": 9, "length_penalty": 0.5,
+                      "temperature": 1.0, "ignore_eos": False, "logprobs": None}
+
+
+@pytest.mark.parametrize("name", sorted(PASSTHROUGH_VALUES))
+def test_a_sampling_params_field_named_in_the_job_reaches_vllm_unchanged(name):
+    spec = SamplingSpec(max_tokens=8, **{name: PASSTHROUGH_VALUES[name]})
+
+    params = params_of(spec)
+
+    got = getattr(params, name)
+    assert (got.tolist() if hasattr(got, "tolist") else got) == PASSTHROUGH_VALUES[name]
+    assert spec.model_dump()[name] == PASSTHROUGH_VALUES[name]  # in the manifest and the job fingerprint
+
+
+def test_logit_bias_keeps_its_token_ids_through_a_json_round_trip(tmp_path):
+    job = job_from_dict(job_with(sampling={"logit_bias": {42: 5}}), base_dir=tmp_path)
+    again = job_from_dict(job.model_dump(mode="json"))  # as a run with overrides or a deployment reads it
+    assert params_of(again.sampling).logit_bias == {42: 5.0}
+    assert sampling_kwargs(again.sampling)["logit_bias"] == {"42": 5}
+
+
+def test_a_nested_vllm_struct_is_given_as_a_mapping():
+    params = params_of(SamplingSpec(repetition_detection={"max_pattern_size": 4, "min_count": 3}))
+    assert type(params.repetition_detection).__name__ == "RepetitionDetectionParams"
+    assert params.repetition_detection.max_pattern_size == 4
+
+
+@pytest.mark.parametrize(("constraint", "value", "vllm_name"), [
+    ("json_schema", {"type": "object"}, "json"),
+    ("regex", "(yes|no)", "regex"),
+    ("choice", ["yes", "no"], "choice"),
+    ("grammar", 'root ::= "yes" | "no"', "grammar"),
+])
+def test_structured_output_goes_to_vllm_under_its_name(constraint, value, vllm_name):
+    params = params_of(SamplingSpec(**{constraint: value}))
+    assert getattr(params.structured_outputs, vllm_name) == value
+
+
+def test_a_seed_is_per_candidate_and_fresh_for_each_resampled_attempt():
+    base = sampling_kwargs(SamplingSpec(seed=100, n=3, max_tokens=8))
+
+    def seed(**request):
+        return engine_budget(base, GenRequest(item_id="a", prompt="", prompt_token_ids=[1], max_tokens=8,
+                                              **request)).get("seed")
+
+    assert seed(n=3) == 100  # vLLM gives candidate i seed+i
+    assert seed(candidate=2, attempt=2, strategy="grow") == 102  # a grown candidate samples its path again
+    resampled = [seed(candidate=c, attempt=a, strategy="resample") for c in range(3) for a in (2, 3)]
+    assert sorted(resampled) == [103, 104, 105, 106, 107, 108]  # none equals another or a first-pass seed
+    assert "seed" not in sampling_kwargs(SamplingSpec())

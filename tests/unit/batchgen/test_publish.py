@@ -1,0 +1,474 @@
+"""The publication: every file and its manifest, Parquet and JSONL agreeing, a layout that datasets, duckdb,
+polars and pandas open as it is, and atomic as a set: readers of <out>/current see one whole publication,
+never a mix.
+
+Crashes are real: an exception injected at each step of a publication, and a publishing
+process killed with SIGKILL at arbitrary moments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchgen import files
+from batchgen import publish as publishing
+from batchgen.assemble import assemble
+from batchgen.items import load_items
+from batchgen.job import InputSpec, PromptSpec
+from batchgen.prompts import build_prompts
+from batchgen.publish import REJECTED, RESULTS, Publication, PublishError, current_publication, verify_publication
+from batchgen.records import (
+    ACCEPTED_FIELDS,
+    ATTEMPTS_SCHEMA,
+    REJECTED_FIELDS,
+    Manifest,
+    RunTotals,
+)
+from batchgen.retry import latest_attempts
+from batchgen.schema import INPUT_COLUMN_KEY
+from tests.dataset_checks import check_readers
+from tests.frames import COLUMNS, with_verdicts
+from tests.publications import generated, publish_frames, stage_frames
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def dataset(version: int, n: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """n accepted items whose every text says which version wrote it."""
+    accepted = pd.DataFrame({
+        "item_id": [f"i{k}" for k in range(n)], "row_number": range(2, n + 2), "candidate": 0, "attempt": 1,
+        "strategy": "first", "text": [f"v{version} text of item {k} " + "x" * 40 for k in range(n)],
+        "finish_reason": "stop", "n_prompt_tokens": 3, "n_output_tokens": 5, "cumulative_logprob": -1.0,
+        "max_tokens": 16, "request_id": [str(k) for k in range(n)], "prompt": "p",
+        "input": [{"name": f"n{k}", "price": k} for k in range(n)],
+    })[ACCEPTED_FIELDS]
+    rejected = pd.DataFrame({name: [] for name in REJECTED_FIELDS})
+    attempts = pd.DataFrame({name: [] for name in ATTEMPTS_SCHEMA.names})
+    return accepted, rejected, attempts
+
+
+def publish_version(out: Path, version: int, n: int, keep: int = 3) -> dict:
+    accepted, rejected, attempts = dataset(version, n)
+    return publish_frames(out, accepted, rejected, attempts, [], {"job": "atomic", "version": version,
+                                                                  "counts": {"accepted": n}}, True, keep=keep)
+
+
+def read_current(out: Path) -> tuple[int, int]:
+    """What a careful reader does: resolve `current` once, verify the manifest, read from there."""
+    directory = current_publication(out)
+    manifest = verify_publication(directory)
+    texts = pq.read_table(directory / RESULTS, columns=["text"]).column("text").to_pylist()
+    version = manifest["version"]
+    assert len(texts) == manifest["counts"]["accepted"] == manifest["files"][RESULTS]["rows"]
+    assert all(t.startswith(f"v{version} ") for t in texts), "a publication mixes two runs' rows"
+    return version, len(texts)
+
+
+def test_commit_switches_current_and_keeps_the_last_k(tmp_path):
+    out = tmp_path / "out"
+    names = []
+    for version in range(5):
+        names.append(publish_version(out, version, 10 + version, keep=2)["publication"])
+        assert read_current(out) == (version, 10 + version)
+    assert os.readlink(out / "current") == f"publications/{names[-1]}"  # relative: the folder can move
+    assert sorted(p.name for p in (out / "publications").iterdir()) == names[-2:]
+    assert json.loads((out / ".batchgen" / "publications.json").read_text()) == names[-2:]
+
+
+def test_staged_publication_is_invisible_until_commit(tmp_path):
+    out = tmp_path / "out"
+    publish_version(out, 1, 5)
+    accepted, rejected, attempts = dataset(2, 7)
+    publication = stage_frames(out, accepted, rejected, attempts, [], {"version": 2, "counts": {"accepted": 7}},
+                               False)
+    (publication.staging / "report.html").write_text("<html>run 2</html>")  # what a report step adds before commit
+    assert read_current(out) == (1, 5)
+    publication.commit()
+    assert read_current(out) == (2, 7)
+    assert (out / "current" / "report.html").read_text() == "<html>run 2</html>"
+
+
+def test_commit_refuses_a_directory_that_is_not_a_staged_publication(tmp_path):
+    out = tmp_path / "out"
+    publish_version(out, 1, 3)
+    stray = tmp_path / "elsewhere"
+    stray.mkdir()
+    with pytest.raises(PublishError, match="not a sealed publication"):
+        Publication(out, stray).commit()
+    assert read_current(out) == (1, 3)
+
+
+@pytest.mark.parametrize("step", ["results", "jsonl mirror", "manifest", "symlink", "switch"])
+def test_crash_at_any_step_leaves_the_previous_publication(tmp_path, monkeypatch, step):
+    out = tmp_path / "out"
+    publish_version(out, 1, 50)
+
+    def boom(*args, **kwargs):
+        raise OSError(f"injected crash at {step}")
+
+    if step == "results":  # in the middle of writing the accepted table
+        monkeypatch.setattr(publishing.pq.ParquetWriter, "write_table", boom)
+    elif step == "jsonl mirror":
+        monkeypatch.setattr(publishing, "_jsonl", boom)
+    elif step == "manifest":
+        real = files.write_text
+        monkeypatch.setattr(publishing, "write_text",
+                            lambda text, path: boom() if path.name == "manifest.json" else real(text, path))
+    elif step == "symlink":
+        monkeypatch.setattr(publishing.os, "symlink", boom)
+    else:  # the rename of the temporary link onto `current`
+        real_replace = os.replace
+        monkeypatch.setattr(files.os, "replace",
+                            lambda src, dst: boom() if Path(dst).name == "current" else real_replace(src, dst))
+    with pytest.raises(OSError, match="injected crash"):
+        publish_version(out, 2, 80)
+    monkeypatch.undo()
+
+    assert read_current(out) == (1, 50)
+    assert [p.name for p in out.iterdir() if p.name.startswith(".current")] == []  # no temporary link left
+    publish_version(out, 3, 60)  # the next run publishes normally and clears the crashed staging
+    assert read_current(out) == (3, 60)
+    assert len(list((out / "publications").iterdir())) == 2
+
+
+PUBLISHER = """
+import sys
+from pathlib import Path
+from tests.unit.batchgen.test_publish import publish_version
+out = Path(sys.argv[1])
+version = int(sys.argv[2])
+while True:
+    version += 1
+    publish_version(out, version, 8000 + 500 * (version % 7), keep=2)
+    print(version, flush=True)
+"""
+
+
+def _staging_in_progress(out: Path) -> bool:
+    """A publication folder exists that the history does not list yet: one is being written."""
+    committed = json.loads((out / ".batchgen" / "publications.json").read_text())
+    return any(p.name not in committed for p in (out / "publications").iterdir())
+
+
+def test_sigkill_while_publishing_never_leaves_a_mixed_or_partial_set(tmp_path):
+    out = tmp_path / "out"
+    publish_version(out, 0, 100)
+    version, mid_publication = 0, 0
+    # Each kill lands at a different point: as soon as a staging folder appears, or a little after.
+    for delay in (0.0, 0.02, 0.1, 0.3):
+        process = subprocess.Popen([sys.executable, "-c", PUBLISHER, str(out), str(version)], cwd=ROOT,
+                                   stdout=subprocess.PIPE, text=True)
+        assert process.stdout.readline().strip()  # one publication committed; now kill it while it writes another
+        deadline = time.monotonic() + 30
+        while not _staging_in_progress(out) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(delay)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        mid_publication += _staging_in_progress(out)
+        version, rows = read_current(out)  # verifies every hash: complete, and from one run only
+        assert rows == 8000 + 500 * (version % 7)
+    assert mid_publication >= 1  # at least one kill landed while a publication was being written
+
+
+def test_input_columns_whose_types_vary_by_row_publish_as_json_text(tmp_path):
+    # JSONL rows may hold a number in one row and text or a list in the next; an unused column must not
+    # fail the publication after hours of generation.
+    accepted, rejected, attempts = dataset(1, 3)
+    accepted["input"] = [{"name": "Mug", "size": 350, "tags": ["a"]},
+                         {"name": "Boots", "size": "large", "tags": {}},
+                         {"name": "Lamp", "size": None, "tags": "c"}]
+    out = tmp_path / "out"
+    publish_frames(out, accepted, rejected, attempts, [], {"version": 1, "counts": {"accepted": 3}}, True)
+    inputs = [{k: row[k] for k in ("name", "size", "tags")} for row in pq.read_table(out / "current" / RESULTS).to_pylist()]
+    assert inputs == [{"name": "Mug", "size": "350", "tags": '["a"]'},
+                      {"name": "Boots", "size": '"large"', "tags": "{}"},
+                      {"name": "Lamp", "size": None, "tags": '"c"'}]
+
+
+def test_windows_staged_as_parts_join_into_one_file_per_table(tmp_path):
+    """Parts whose columns Arrow inferred differently (null in one window, numbers or text in others) join."""
+    from batchgen.publish import PARTS
+
+    out = tmp_path / "out"
+    publication = Publication.open(out, jsonl=True)
+    rejected, attempts = dataset(0, 0)[1:]
+    windows = [(["a", "b"], [None, None]), (["c"], [0.5]), (["d"], ["high"])]
+    for index, (ids, scores) in enumerate(windows, start=1):
+        accepted = dataset(index, len(ids))[0].assign(item_id=ids, score=scores)
+        inputs = (pa.string(), lambda value: None)  # no input columns
+        publication.add_window(index, accepted, rejected, attempts, inputs, RunTotals())
+
+    manifest = publication.seal(Manifest(job="parts"), [])
+    staged = publication.staging
+
+    joined = pq.read_table(staged / RESULTS)
+    assert joined.column("item_id").to_pylist() == ["a", "b", "c", "d"]
+    assert joined.schema.field("score").type == pa.string()  # a number in one window, text in another
+    assert joined.column("score").to_pylist() == [None, None, "0.5", "high"]
+    assert joined.column("row_number").to_pylist() == [2, 3, 2, 2]
+    assert manifest["files"][RESULTS]["rows"] == 4
+    lines = (staged / "jsonl" / "accepted.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["item_id"] for line in lines] == ["a", "b", "c", "d"]
+    assert not (staged / PARTS).exists()
+    verify_publication(staged)
+
+
+def test_published_tables_are_written_in_bounded_row_groups(tmp_path):
+    """Readers (the shard merge, the report, a dataset scan) decode one row group at a time: keep them bounded."""
+    from batchgen.publish import ROW_GROUP_ROWS
+
+    rows = 2 * ROW_GROUP_ROWS + 5
+    table = pa.table({"item_id": [f"i{j}" for j in range(rows)], "text": ["x" * 40] * rows})
+    out = tmp_path / "out"
+    publication = Publication.open(out, jsonl=False)
+    publication.seal(Manifest(job="rows"), [], tables={RESULTS: (table.schema, [table])})  # the shard merge's way
+    published = pq.ParquetFile(publication.commit() / RESULTS)
+    sizes = [published.metadata.row_group(i).num_rows for i in range(published.metadata.num_row_groups)]
+    assert sizes == [ROW_GROUP_ROWS, ROW_GROUP_ROWS, 5]
+    assert published.read().equals(table)
+
+
+KILLED_STAGER = """
+import sys
+from pathlib import Path
+from batchgen.publish import Publication
+staging = Publication.open(Path(sys.argv[1])).staging
+(staging / "results.parquet").write_bytes(b"x" * 1000)  # a full copy of the data, in the real case
+print(staging, flush=True)
+sys.stdin.readline()  # alive (its staging locked) until told to go
+"""
+
+
+def stager(out: Path) -> tuple[subprocess.Popen, Path]:
+    process = subprocess.Popen([sys.executable, "-c", KILLED_STAGER, str(out)], cwd=ROOT, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    return process, Path(process.stdout.readline().strip())
+
+
+def test_stagings_of_killed_runs_are_removed_by_the_next_run_but_a_live_ones_is_not(tmp_path):
+    out = tmp_path / "out"
+    publish_version(out, 1, 10)
+    live, live_staging = stager(out)  # another run, still writing its staging
+    try:
+        killed = []
+        for _ in range(2):  # two runs killed while staging, one after the other
+            process, staging = stager(out)
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=30)
+            killed.append(staging)
+        # the second run's start removed the first one's staging: never more than one left behind
+        assert [path.is_dir() for path in killed] == [False, True]
+
+        staging = Publication.open(out).staging  # the next run
+        assert not killed[1].exists()
+        assert live_staging.is_dir()  # another run is writing it: left alone
+        assert publishing.clean_stale(out) == []  # nothing else is stale, this run's own staging included
+        assert staging.is_dir()
+    finally:
+        live.stdin.close()
+        live.wait(timeout=30)
+    assert publishing.clean_stale(out) == [live_staging]  # its writer is gone now
+    assert read_current(out) == (1, 10)  # the committed publication was never touched
+
+
+def test_commit_prunes_old_publications_but_not_a_staging_being_written(tmp_path):
+    out = tmp_path / "out"
+    for version in range(1, 4):
+        publish_version(out, version, 5, keep=1)
+    other = Publication.open(out).staging  # a run that is staging while this one commits
+    publish_version(out, 4, 5, keep=1)
+    assert sorted(p.name for p in (out / "publications").iterdir()) == sorted(
+        [current_publication(out).name, other.name])
+    assert read_current(out) == (4, 5)
+
+
+def test_every_reader_opens_each_table(publication, tmp_path):
+    out, manifest, _ = publication
+    tables = check_readers(out, manifest, tmp_path / "hf-cache")
+    assert sorted(tables["accepted"]["item_id"]) == ["s1", "s3"]
+    assert sorted(tables["rejected"]["item_id"]) == ["s1@row-4", "s2"]
+
+
+def test_input_columns_are_flat_under_their_own_names_or_prefixed(publication):
+    out, _, _ = publication
+    accepted = pd.read_parquet(out / "current" / "accepted").set_index("item_id")
+    # text and stage are batchgen's columns: the input's are input_text (taken by the input itself, so
+    # input_input_text) and input_stage; the id column is item_id, not repeated
+    assert list(accepted.columns[accepted.columns.get_loc("prompt") + 1:][:4]) == [
+        "name", "input_input_text", "input_stage", "input_text"]
+    assert "sku" not in accepted.columns
+    assert accepted.loc["s1", "text"] == "The Mug keeps coffee hot."  # the output
+    assert accepted.loc["s1", "input_input_text"] == "keeps coffee hot"  # the input's text
+    assert (accepted.loc["s1", "input_stage"], accepted.loc["s1", "input_text"]) == ("draft", "a")
+    rejected = pd.read_parquet(out / "current" / "rejected").set_index("item_id")
+    assert rejected.loc["s2", "stage"] == "validate" and rejected.loc["s2", "input_stage"] == "final"
+    assert rejected.loc["s1@row-4", "name"] == "Mug again"
+    # each published input column says which input column it is
+    field = pq.read_schema(out / "current" / RESULTS).field("input_input_text")
+    assert field.metadata[INPUT_COLUMN_KEY] == b"text"
+
+
+def test_row_number_finds_the_row_in_the_input(publication):
+    out, _, path = publication
+    frame = pd.read_csv(path, dtype=str)  # what a user reads the input with
+    for table in ("accepted", "rejected"):
+        for row in pd.read_parquet(out / "current" / table).itertuples():
+            assert frame.iloc[row.row_number - 1]["name"] == row.name, (table, row.item_id)
+    rejected = pd.read_parquet(out / "current" / REJECTED.split("/")[0]).set_index("item_id")
+    assert rejected.loc["s1@row-4", "row_number"] == 4  # the blank line is not counted
+
+
+def publish_scenario(scenario, out_dir: Path, jsonl: bool = True) -> dict[str, Any]:
+    result = assemble(scenario.items, COLUMNS, scenario.early, latest_attempts(scenario.attempts))
+    validation = [{"success": False, "results": [], "statistics": {"evaluated_expectations": 1}}]
+    return publish_frames(out_dir, result.accepted, result.rejected, scenario.attempts, validation,
+                          {"job": "unit", "counts": {"items": 6}}, jsonl)
+
+
+def test_publish_writes_every_file(scenario, tmp_path):
+    out = tmp_path / "out"
+    manifest = publish_scenario(scenario, out)
+
+    assert sorted(p.name for p in out.iterdir()) == [".batchgen", "current", "publications"]
+    names = sorted(str(p.relative_to(out / "current")) for p in (out / "current").rglob("*") if p.is_file())
+    assert names == sorted(["accepted/accepted.parquet", "rejected/rejected.parquet", "attempts/attempts.parquet",
+                            "validation.json", "manifest.json", "README.md", "jsonl/accepted.jsonl",
+                            "jsonl/rejected.jsonl", "jsonl/attempts.jsonl"])
+    assert json.loads((out / "current" / "manifest.json").read_text(encoding="utf-8")) == manifest
+    assert manifest["job"] == "unit" and manifest["counts"]["items"] == 6
+    assert json.loads((out / "current" / "validation.json").read_text(encoding="utf-8"))[0]["success"] is False
+    assert pq.read_table(out / "current" / "accepted").num_rows == 2  # a table is its folder
+    assert pq.read_table(out / "current" / "rejected").num_rows == 4
+    assert pq.read_table(out / "current" / "attempts").num_rows == len(scenario.attempts)
+    assert pq.read_table(out / "current" / "attempts" / "attempts.parquet").schema.equals(ATTEMPTS_SCHEMA)
+
+
+def test_publish_without_jsonl_writes_no_mirrors(scenario, tmp_path):
+    out = tmp_path / "out"
+    manifest = publish_scenario(scenario, out, jsonl=False)
+    assert not list((out / "current").rglob("*.jsonl"))
+    assert sorted(manifest["files"]) == ["README.md", "accepted/accepted.parquet", "attempts/attempts.parquet",
+                                         "rejected/rejected.parquet", "validation.json"]
+
+
+@pytest.mark.parametrize("stem", ["accepted", "rejected", "attempts"])
+def test_parquet_and_jsonl_rows_agree(scenario, tmp_path, stem):
+    out = tmp_path / "out"
+    publish_scenario(scenario, out)
+
+    from_parquet = pq.read_table(out / "current" / stem / f"{stem}.parquet").to_pylist()
+    lines = (out / "current" / "jsonl" / f"{stem}.jsonl").read_text(encoding="utf-8").splitlines()
+    from_jsonl = [json.loads(line) for line in lines]
+
+    assert len(from_parquet) == len(from_jsonl) > 0
+    assert from_jsonl == from_parquet
+
+
+def test_published_rows_hold_the_values(scenario, tmp_path):
+    out = tmp_path / "out"
+    publish_scenario(scenario, out)
+    results = {r["item_id"]: r for r in pq.read_table(out / "current" / "accepted").to_pylist()}
+    rejected = {r["item_id"]: r for r in pq.read_table(out / "current" / "rejected").to_pylist()}
+
+    assert results["p1"]["candidate"] == 1
+    assert (results["p1"]["name"], results["p1"]["feature"]) == ("耳机", "降噪")  # the input's columns, flat
+    assert "input" not in results["p1"]
+    assert results["p2"]["attempt"] == 2
+    assert rejected["line-9"]["candidate"] is None
+    assert (rejected["line-9"]["name"], rejected["line-9"]["feature"]) == (None, None)
+    assert (rejected["p4"]["name"], rejected["p4"]["feature"]) == ("Blank", "")
+    assert rejected["p3"]["reasons"] == ["keyword", "length"]
+    assert rejected["p5"]["reasons"] == ["not_generated"]
+
+
+def test_jsonl_keeps_non_ascii_characters(scenario, tmp_path):
+    out = tmp_path / "out"
+    publish_scenario(scenario, out)
+    raw = (out / "current" / "jsonl" / "accepted.jsonl").read_bytes()
+    assert "耳机".encode("utf-8") in raw
+    assert "这款耳机降噪出色".encode("utf-8") in raw
+    assert b"\\u" not in raw
+    assert "耳机".encode("utf-8") in (out / "current" / "jsonl" / "attempts.jsonl").read_bytes()
+
+
+def test_manifest_records_the_sha256_and_rows_of_each_file(scenario, tmp_path):
+    out = tmp_path / "out"
+    manifest = publish_scenario(scenario, out)
+
+    files = manifest["files"]
+    assert sorted(files) == sorted(["accepted/accepted.parquet", "jsonl/accepted.jsonl", "rejected/rejected.parquet",
+                                    "jsonl/rejected.jsonl", "attempts/attempts.parquet", "jsonl/attempts.jsonl",
+                                    "validation.json", "README.md"])
+    for name, entry in files.items():
+        assert entry["sha256"] == hashlib.sha256((out / "current" / name).read_bytes()).hexdigest(), name
+    assert files["accepted/accepted.parquet"]["rows"] == files["jsonl/accepted.jsonl"]["rows"] == 2
+    assert files["rejected/rejected.parquet"]["rows"] == 4
+    assert files["attempts/attempts.parquet"]["rows"] == len(scenario.attempts)
+
+
+def test_publish_leaves_no_temporary_files(scenario, tmp_path):
+    out = tmp_path / "out"
+    publish_scenario(scenario, out)
+    publish_scenario(scenario, out)  # publishing again adds a publication and switches to it
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [".batchgen"]
+    for publication in (out / "publications").iterdir():
+        assert [p.name for p in publication.rglob("*") if p.name.startswith(".")] == []
+
+
+def test_republish_replaces_the_previous_publication(scenario, tmp_path):
+    out = tmp_path / "out"
+    publish_scenario(scenario, out)
+    scenario.attempts = scenario.attempts[scenario.attempts["item_id"] != "p3"]
+    manifest = publish_scenario(scenario, out)
+    rejected = {r["item_id"]: r for r in pq.read_table(out / "current" / "rejected").to_pylist()}
+    assert rejected["p3"]["reasons"] == ["not_generated"]
+    assert manifest["files"]["rejected/rejected.parquet"]["sha256"] == hashlib.sha256(
+        (out / "current" / "rejected" / "rejected.parquet").read_bytes()).hexdigest()
+
+
+def test_input_with_an_empty_csv_cell_publishes(tmp_path):
+    # load -> assemble -> publish, with one empty cell in a column the prompt does not use
+    path = tmp_path / "items.csv"
+    path.write_text("product_id,name,note\np1,Mug,\np2,Boots,waterproof\n", encoding="utf-8")
+    loaded = load_items(InputSpec(path=str(path), id_column="product_id"))
+    attempts = pd.concat([with_verdicts(generated("p1", ["A sturdy mug."]), [[]]),
+                          with_verdicts(generated("p2", ["Dry feet."]), [[]])], ignore_index=True)
+    result = assemble(loaded.items, loaded.columns, loaded.rejected, latest_attempts(attempts))
+
+    publish_frames(tmp_path / "out", result.accepted, result.rejected, attempts, [], {}, True, id_column="product_id")
+
+    rows = {r["item_id"]: r for r in pq.read_table(tmp_path / "out" / "current" / "accepted").to_pylist()}
+    assert {k: rows["p1"][k] for k in ("name", "note")} == {"name": "Mug", "note": None}
+    assert "product_id" not in rows["p1"]  # one id column: item_id holds it
+    assert rows["p2"]["note"] == "waterproof"
+
+
+def test_row_rejected_for_an_empty_field_publishes(tmp_path, tokenizer):
+    # the documented path for an empty template field: missing_field rejection, published with its input
+    path = tmp_path / "items.csv"
+    path.write_text("product_id,name,feature\np1,Mug,hot\np2,Boots,\n", encoding="utf-8")
+    loaded = load_items(InputSpec(path=str(path), id_column="product_id"))
+    built = build_prompts(loaded.items, PromptSpec(template="{{ name }}: {{ feature }}"), tokenizer, 2048,
+                          loaded.columns)
+    attempts = with_verdicts(generated("p1", ["A sturdy mug."]), [[]])
+    result = assemble(loaded.items, loaded.columns, loaded.rejected + built.rejected, latest_attempts(attempts))
+
+    publish_frames(tmp_path / "out", result.accepted, result.rejected, attempts, [], {}, True, id_column="product_id")
+
+    [rejected] = pq.read_table(tmp_path / "out" / "current" / "rejected").to_pylist()
+    assert (rejected["item_id"], rejected["reasons"]) == ("p2", ["missing_field"])
+    assert {k: rejected[k] for k in ("name", "feature")} == {"name": "Boots", "feature": None}

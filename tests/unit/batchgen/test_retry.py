@@ -1,0 +1,235 @@
+"""Retry planning: which cut-off candidates go back to the engine, and with what budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from batchgen.job import RetrySpec
+from batchgen.retry import latest_attempts, next_budget, plan_retries
+
+
+def attempt(item_id: str, candidate: int = 0, attempt: int = 1, finish_reason: str = "length",
+            max_tokens: int = 16, n_prompt_tokens: int = 10, **extra: Any) -> dict[str, Any]:
+    n_out = extra.pop("n_out", max_tokens if finish_reason == "length" else 3)
+    row = {
+        "item_id": item_id, "candidate": candidate, "attempt": attempt, "finish_reason": finish_reason,
+        "max_tokens": max_tokens, "n_prompt_tokens": n_prompt_tokens,
+        "prompt": f"prompt of {item_id}", "prompt_token_ids": list(range(100, 100 + n_prompt_tokens)),
+        "text": f"{item_id}/{candidate} attempt {attempt}", "token_ids": list(range(1, n_out + 1)),
+        "cumulative_logprob": -0.5 * n_out,
+    }
+    row.update(extra)
+    return row
+
+
+def frame(*rows: dict[str, Any]) -> pd.DataFrame:
+    return pd.DataFrame(list(rows))
+
+
+def test_latest_attempts_picks_the_newest_attempt_per_item_and_candidate():
+    attempts = frame(
+        attempt("b", 0, 1), attempt("a", 0, 2, "stop"), attempt("a", 0, 1),
+        attempt("a", 1, 1, "stop"), attempt("b", 0, 3, "stop"), attempt("b", 0, 2),
+    )
+
+    latest = latest_attempts(attempts)
+
+    got = sorted(zip(latest["item_id"], latest["candidate"], latest["attempt"], latest["finish_reason"]))
+    assert got == [("a", 0, 2, "stop"), ("a", 1, 1, "stop"), ("b", 0, 3, "stop")]
+
+
+def test_latest_attempts_of_nothing_is_empty():
+    empty = pd.DataFrame(columns=["item_id", "candidate", "attempt"])
+    assert latest_attempts(empty).empty
+
+
+def test_only_outputs_cut_off_by_max_tokens_are_retried():
+    latest = frame(
+        attempt("cut", finish_reason="length"),
+        attempt("stopped", finish_reason="stop"),
+        attempt("aborted", finish_reason="abort"),
+        attempt("unknown", finish_reason="unknown"),
+    )
+
+    requests = plan_retries(latest, RetrySpec(), max_model_len=2048)
+
+    assert [r.item_id for r in requests] == ["cut"]
+
+
+@pytest.mark.parametrize(("max_tokens", "n_prompt", "cap", "max_len", "expected"), [
+    (16, 10, 1024, 2048, 32),     # doubles
+    (100, 10, 150, 2048, 150),    # capped by max_tokens_cap
+    (100, 1900, 1024, 2048, 148),  # capped by the room left in the context
+    (5, 10, 1024, 2048, 10),
+])
+def test_grow_doubles_the_budget_within_the_caps(max_tokens, n_prompt, cap, max_len, expected):
+    retry = RetrySpec(strategy="grow", growth_factor=2, max_tokens_cap=cap)
+    latest = frame(attempt("a", max_tokens=max_tokens, n_prompt_tokens=n_prompt))
+
+    [request] = plan_retries(latest, retry, max_model_len=max_len)
+
+    assert request.max_tokens == expected
+    assert request.strategy == "grow"
+    assert request.attempt == 2
+    assert request.candidate == 0 and request.n == 1
+    assert request.prompt == "prompt of a"
+    assert request.prompt_token_ids == list(range(100, 100 + n_prompt))
+    assert request.prefix_text == "" and request.prefix_token_ids == []  # grow starts over
+
+
+def test_growth_factor_rounds_up():
+    assert next_budget(15, RetrySpec(growth_factor=1.5), n_prompt_tokens=10, max_model_len=2048) == 23
+
+
+@pytest.mark.parametrize(("max_tokens", "n_prompt", "cap", "max_len"), [
+    (64, 10, 64, 2048),    # already at max_tokens_cap
+    (64, 1984, 1024, 2048),  # already fills the context
+    (80, 10, 64, 2048),    # the first pass was given more than the cap
+])
+def test_a_row_already_at_the_cap_is_not_retried(max_tokens, n_prompt, cap, max_len):
+    retry = RetrySpec(growth_factor=2, max_tokens_cap=cap)
+    latest = frame(attempt("at-cap", max_tokens=max_tokens, n_prompt_tokens=n_prompt), attempt("grows"))
+
+    requests = plan_retries(latest, retry, max_model_len=max_len)
+
+    assert [r.item_id for r in requests] == ["grows"]
+
+
+def test_retries_follow_the_latest_attempt_of_each_candidate():
+    retry = RetrySpec(growth_factor=2, max_tokens_cap=1024)
+    attempts = frame(
+        attempt("a", 0, 1, max_tokens=16), attempt("a", 0, 2, max_tokens=32),  # still cut off after one retry
+        attempt("a", 1, 1, max_tokens=16, finish_reason="stop"),
+        attempt("b", 0, 1, max_tokens=16), attempt("b", 0, 2, max_tokens=32, finish_reason="stop"),  # fixed
+    )
+
+    requests = plan_retries(latest_attempts(attempts), retry, max_model_len=2048)
+
+    assert [(r.item_id, r.candidate, r.attempt, r.max_tokens) for r in requests] == [("a", 0, 3, 64)]
+
+
+def test_continue_carries_the_prefix_and_the_total_budget():
+    retry = RetrySpec(strategy="continue", growth_factor=2, max_tokens_cap=1024)
+    latest = frame(attempt("a", candidate=1, attempt=1, max_tokens=16, text="The mug keeps coffee",
+                           token_ids=list(range(500, 516)), cumulative_logprob=-7.25))
+
+    [request] = plan_retries(latest, retry, max_model_len=2048)
+
+    assert request.strategy == "continue"
+    assert request.max_tokens == 32  # total budget, the prefix included
+    assert request.prefix_text == "The mug keeps coffee"
+    assert request.prefix_token_ids == list(range(500, 516))
+    assert request.prefix_logprob == -7.25
+    assert request.candidate == 1 and request.attempt == 2 and request.n == 1
+    assert request.prompt_token_ids == list(range(100, 110))
+
+
+@pytest.mark.parametrize("missing", [None, float("nan")])
+def test_continue_without_a_logprob_has_no_prefix_logprob(missing):
+    retry = RetrySpec(strategy="continue")
+    latest = frame(attempt("a", cumulative_logprob=missing))
+    [request] = plan_retries(latest, retry, max_model_len=2048)
+    assert request.prefix_logprob is None
+
+
+def test_nothing_cut_off_plans_nothing():
+    latest = frame(attempt("a", finish_reason="stop"), attempt("b", finish_reason="stop"))
+    assert plan_retries(latest, RetrySpec(), max_model_len=2048) == []
+
+
+def failing(item_id: str, failed: list[str], candidate: int = 0, attempt_no: int = 1, finish_reason: str = "stop",
+            **extra: Any) -> dict[str, Any]:
+    return attempt(item_id, candidate, attempt_no, finish_reason, passed=not failed, failed=failed, **extra)
+
+
+def test_by_default_only_cut_off_outputs_are_retried_not_other_failures():
+    latest = frame(failing("no-keyword", ["keyword"]), failing("cut", ["truncated", "keyword"], finish_reason="length"))
+
+    requests = plan_retries(latest, RetrySpec(), max_model_len=2048)
+
+    assert [(r.item_id, r.strategy) for r in requests] == [("cut", "grow")]
+
+
+def test_a_failure_named_in_on_is_resampled_at_its_budget_with_the_temperature_moved():
+    retry = RetrySpec(on=["truncated", "keyword"], temperature_step=0.25, max_temperature=1.0)
+    latest = frame(
+        failing("no-keyword", ["keyword"], max_tokens=40),
+        failing("row-temp", ["keyword"], temperature=0.9),  # the row's own temperature moves, capped at 1.0
+        failing("too-short", ["length"]),  # not in retry.on
+        failing("fine", []),
+    )
+
+    requests = plan_retries(latest, retry, max_model_len=2048, temperature=0.5)
+
+    got = {r.item_id: (r.strategy, r.max_tokens, r.temperature, r.attempt, r.candidate, r.n) for r in requests}
+    assert got == {"no-keyword": ("resample", 40, 0.75, 2, 0, 1), "row-temp": ("resample", 16, 1.0, 2, 0, 1)}
+    assert all(r.prefix_token_ids == [] and r.prefix_text == "" for r in requests)
+
+
+def test_a_resample_without_a_temperature_step_keeps_the_job_temperature():
+    [request] = plan_retries(frame(failing("a", ["must_match"])), RetrySpec(on=["regex"]), max_model_len=2048)
+
+    assert request.strategy == "resample" and request.temperature is None  # None: the job's own
+
+
+def test_an_item_with_a_passing_candidate_is_not_resampled():
+    latest = frame(failing("a", ["keyword"], candidate=0), failing("a", [], candidate=1),
+                   failing("b", ["keyword"], candidate=0), failing("b", ["keyword"], candidate=1))
+
+    requests = plan_retries(latest, RetrySpec(on=["keyword"]), max_model_len=2048)
+
+    assert sorted((r.item_id, r.candidate) for r in requests) == [("b", 0), ("b", 1)]
+
+
+def test_a_cut_off_output_that_cannot_grow_is_resampled_when_its_other_failure_is_in_on():
+    retry = RetrySpec(on=["truncated", "keyword"], max_tokens_cap=16)
+    latest = frame(failing("a", ["truncated", "keyword"], finish_reason="length", max_tokens=16),
+                   failing("b", ["truncated"], finish_reason="length", max_tokens=16))
+
+    requests = plan_retries(latest, retry, max_model_len=2048)
+
+    assert [(r.item_id, r.strategy, r.max_tokens) for r in requests] == [("a", "resample", 16)]
+
+
+def test_rescued_by_reason_counts_the_failures_of_earlier_attempts_of_the_published_candidate():
+    from batchgen.retry import rescued_by_reason
+
+    attempts = frame(
+        failing("a", ["keyword"]), failing("a", [], attempt_no=2),
+        failing("b", ["truncated", "keyword"], finish_reason="length"), failing("b", ["keyword"], attempt_no=2),
+        failing("b", [], attempt_no=3),
+        failing("c", []),
+        failing("d", ["length"], candidate=0), failing("d", [], candidate=1),  # won by another candidate
+    )
+    accepted = pd.DataFrame({"item_id": ["a", "b", "c", "d"], "candidate": [0, 0, 0, 1], "attempt": [2, 3, 1, 1]})
+
+    assert rescued_by_reason(accepted, attempts) == {"keyword": 2, "truncated": 1}
+
+
+def attempt_row(item_id: str, candidate: int, finish: str, attempt: int = 1, max_tokens: int = 8,
+                temperature: float | None = None) -> dict[str, Any]:
+    return {"item_id": item_id, "candidate": candidate, "attempt": attempt, "finish_reason": finish,
+            "max_tokens": max_tokens, "n_prompt_tokens": 4, "prompt": "p", "prompt_token_ids": [1, 2, 3, 4],
+            "text": "t", "token_ids": [5] * max_tokens, "cumulative_logprob": -1.0, "temperature": temperature,
+            "logprobs": None}
+
+
+def test_a_cut_off_beam_searches_the_whole_item_again_with_a_bigger_budget():
+    latest = latest_attempts(pd.DataFrame([attempt_row("a", 0, "stop"), attempt_row("a", 1, "length"),
+                                           attempt_row("b", 0, "stop"), attempt_row("b", 1, "stop")]))
+    requests = plan_retries(latest, RetrySpec(max_passes=2, growth_factor=2, max_tokens_cap=64), 2048, beam_width=2)
+    assert [(r.item_id, r.n, r.candidate, r.max_tokens, r.attempt, r.strategy) for r in requests] == [
+        ("a", 2, None, 16, 2, "grow")]
+
+
+def test_retries_keep_each_candidate_and_its_own_budget_and_temperature():
+    latest = latest_attempts(pd.DataFrame([
+        attempt_row("a", 0, "length", max_tokens=4, temperature=0.2), attempt_row("a", 1, "stop", max_tokens=4),
+        attempt_row("a", 2, "length", max_tokens=4, temperature=0.2), attempt_row("b", 0, "length", max_tokens=10),
+    ]))
+    requests = plan_retries(latest, RetrySpec(max_passes=2, growth_factor=2, max_tokens_cap=64), 2048)
+    assert sorted((r.item_id, r.candidate, r.max_tokens, r.temperature) for r in requests) == [
+        ("a", 0, 8, 0.2), ("a", 2, 8, 0.2), ("b", 0, 20, None)]

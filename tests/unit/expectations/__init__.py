@@ -1,0 +1,1 @@
+"""Tests of the expectations package, one module per module."""

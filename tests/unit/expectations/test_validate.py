@@ -1,0 +1,189 @@
+"""Validation with the real Great Expectations suite built from the job's expectations."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from batchgen.job import ExpectationsSpec
+from expectations.validate import validate_rows
+from tests.jobs import SPEC
+
+# item_id -> (text, finish_reason, keyword, expected failures)
+CASES = {
+    "good": ("The Aurora Mug keeps coffee hot for hours.", "stop", "aurora mug", set()),
+    "too-short": ("Aurora Mug.", "stop", "Aurora Mug", {"length"}),
+    "too-long": ("The Aurora Mug " + "is lovely " * 12 + "indeed.", "stop", "Aurora Mug", {"length"}),
+    "no-keyword": ("A lovely mug that keeps coffee hot all day.", "stop", "Aurora Mug", {"keyword"}),
+    "no-period": ("The Aurora Mug keeps coffee hot for hours", "stop", "Aurora Mug", {"must_match"}),
+    "spam": ("The Aurora Mug, see https://spam.example now.", "stop", "Aurora Mug", {"must_not_match"}),
+    "spam-2": ("Buy now: the Aurora Mug keeps coffee hot!", "stop", "Aurora Mug", {"must_not_match"}),
+    "cut": ("The Aurora Mug keeps coffee hot for hours and", "length", "Aurora Mug", {"must_match", "truncated"}),
+    "all-bad": ("buy now", "length", "Aurora Mug",
+                {"length", "keyword", "must_match", "must_not_match", "truncated"}),
+    "中文": ("星辰保温杯，一键研磨，学生的好选择，保温一整天。", "stop", "星辰保温杯", set()),
+}
+
+
+@pytest.fixture(scope="module")
+def validation():
+    rows = pd.DataFrame({
+        "item_id": list(CASES),
+        "candidate": [0] * len(CASES),
+        "attempt": [1] * len(CASES),
+        "text": [c[0] for c in CASES.values()],
+        "finish_reason": [c[1] for c in CASES.values()],
+    })
+    keywords = pd.Series({item: c[2] for item, c in CASES.items()}, dtype="string")
+    return validate_rows(rows, SPEC, keywords, suite_name="unit-outputs")
+
+
+@pytest.mark.parametrize("item_id", list(CASES))
+def test_each_row_fails_exactly_its_expectations(validation, item_id):
+    verdicts = validation.verdicts.set_index("row_key")
+    key = f"{item_id}#0#1"
+    assert set(verdicts.at[key, "failed"]) == CASES[item_id][3]
+    assert len(verdicts.at[key, "failed"]) == len(CASES[item_id][3])  # no id listed twice
+    assert bool(verdicts.at[key, "passed"]) is (not CASES[item_id][3])
+
+
+def test_every_row_gets_one_verdict(validation):
+    assert sorted(validation.verdicts["row_key"]) == sorted(f"{i}#0#1" for i in CASES)
+
+
+def test_result_and_statistics_are_gx_results(validation):
+    assert validation.result["success"] is False
+    stats = validation.statistics
+    assert stats["evaluated_expectations"] == 6  # length, keyword, must_match, 2 x must_not_match, truncated
+    assert stats["successful_expectations"] == 0
+    ids = sorted(r["expectation_config"]["meta"]["batchgen_id"] for r in validation.result["results"])
+    assert ids == ["keyword", "length", "must_match", "must_not_match", "must_not_match", "truncated"]
+
+
+def test_candidates_and_attempts_of_one_item_are_judged_separately():
+    rows = pd.DataFrame({
+        "item_id": ["p1", "p1", "p1"],
+        "candidate": [0, 1, 0],
+        "attempt": [1, 1, 2],
+        "text": ["short", "A long enough output.", "Another long enough output."],
+        "finish_reason": ["length", "stop", "stop"],
+    })
+    spec = ExpectationsSpec(min_chars=10)
+
+    verdicts = validate_rows(rows, spec, None, "unit-candidates").verdicts.set_index("row_key")
+
+    assert set(verdicts.loc["p1#0#1", "failed"]) == {"length", "truncated"}
+    assert list(verdicts.loc["p1#1#1", "failed"]) == []
+    assert list(verdicts.loc["p1#0#2", "failed"]) == []
+
+
+def test_keyword_check_is_case_insensitive_and_per_item():
+    rows = pd.DataFrame({
+        "item_id": ["a", "b"], "candidate": [0, 0], "attempt": [1, 1],
+        "text": ["THE AURORA MUG, hot.", "The Aurora Mug, hot."], "finish_reason": ["stop", "stop"],
+    })
+    keywords = pd.Series(["aurora mug", "Trail Boots"], index=["a", "b"], dtype="string")
+    verdicts = validate_rows(rows, ExpectationsSpec(keyword_column="name", require_stop=False), keywords,
+                             "unit-keywords").verdicts.set_index("row_key")
+    assert list(verdicts.loc["a#0#1", "failed"]) == []
+    assert list(verdicts.loc["b#0#1", "failed"]) == ["keyword"]
+
+
+def test_missing_keyword_fails_the_keyword_check():
+    # The flow builds keywords with .astype("string"): an empty keyword cell is pd.NA.
+    rows = pd.DataFrame({
+        "item_id": ["a", "b"], "candidate": [0, 0], "attempt": [1, 1],
+        "text": ["The Aurora Mug, hot.", "Something."], "finish_reason": ["stop", "stop"],
+    })
+    keywords = pd.Series(["Aurora Mug", pd.NA], index=["a", "b"], dtype="string")
+
+    verdicts = validate_rows(rows, ExpectationsSpec(keyword_column="name"), keywords,
+                             "unit-missing-keyword").verdicts.set_index("row_key")
+
+    assert list(verdicts.loc["a#0#1", "failed"]) == []
+    assert list(verdicts.loc["b#0#1", "failed"]) == ["keyword"]
+
+
+def test_no_expectations_means_every_row_passes():
+    rows = pd.DataFrame({"item_id": ["a"], "candidate": [0], "attempt": [1], "text": [""],
+                         "finish_reason": ["length"]})
+    validation = validate_rows(rows, ExpectationsSpec(require_stop=False), None, "unit-empty")
+    assert validation.verdicts.to_dict(orient="list") == {"row_key": ["a#0#1"], "passed": [True], "failed": [[]]}
+
+
+def test_merged_windows_read_like_one_validation_of_all_rows():
+    """GX results of disjoint windows of one pass, merged: the counts of one validation of every row."""
+    from expectations.validate import merge_results
+
+    rows = pd.DataFrame({
+        "item_id": list(CASES), "candidate": [0] * len(CASES), "attempt": [1] * len(CASES),
+        "text": [c[0] for c in CASES.values()], "finish_reason": [c[1] for c in CASES.values()],
+    })
+    keywords = pd.Series({item: c[2] for item, c in CASES.items()}, dtype="string")
+    whole = validate_rows(rows, SPEC, keywords, suite_name="unit-outputs").result
+    parts = [validate_rows(rows.iloc[a:b], SPEC, keywords, suite_name="unit-outputs").result
+             for a, b in [(0, 3), (3, 7), (7, len(CASES))]]
+
+    merged = merge_results(parts)
+
+    def figures(result):
+        return [(o["expectation_config"]["type"], o["success"], o["result"]["element_count"],
+                 o["result"]["unexpected_count"], round(o["result"]["unexpected_percent"], 6),
+                 sorted(map(str, o["result"]["unexpected_list"]))) for o in result["results"]]
+
+    assert figures(merged) == figures(whole)
+    assert merged["success"] == whole["success"] is False
+    assert {k: merged["statistics"][k] for k in ("evaluated_expectations", "successful_expectations")} == \
+        {k: whole["statistics"][k] for k in ("evaluated_expectations", "successful_expectations")}
+    assert merge_results([]) == {"success": True, "results": [], "statistics": {}}
+
+
+def test_merged_results_list_a_bounded_number_of_failing_rows():
+    from expectations import validate
+
+    rows = pd.DataFrame({"item_id": [f"i{n}" for n in range(30)], "candidate": 0, "attempt": 1,
+                         "text": "short", "finish_reason": "stop"})
+    one = validate_rows(rows, ExpectationsSpec(min_chars=20), None, suite_name="unit-outputs").result
+    merged = validate.merge_results([one] * 50)  # 1,500 failing rows
+
+    [outcome] = [o for o in merged["results"] if o["expectation_config"]["meta"].get("batchgen_id") == "length"]
+    assert outcome["result"]["unexpected_count"] == 1500 and outcome["result"]["element_count"] == 1500
+    assert len(outcome["result"]["unexpected_list"]) == validate.LISTED_ROWS
+    assert len(outcome["result"]["partial_unexpected_list"]) == validate.PARTIAL_ROWS
+
+
+def test_gx_expectations_of_the_job_judge_each_output_under_their_id():
+    spec = ExpectationsSpec(require_stop=False, gx=[
+        {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "text", "regex": "^[A-Z]"},
+         "id": "capitalised"},
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "n_output_tokens", "max_value": 5}},
+    ])
+    rows = pd.DataFrame({"item_id": ["a", "b", "c"], "candidate": 0, "attempt": 1, "finish_reason": "stop",
+                         "text": ["Fine.", "lower case", "Long one"], "n_output_tokens": [2, 3, 9]})
+
+    validation = validate_rows(rows, spec, None, "unit-gx")
+
+    assert validation.verdicts["failed"].tolist() == [
+        [], ["capitalised"], ["expect_column_values_to_be_between"]]
+    assert set(spec.ids()) == {"capitalised", "expect_column_values_to_be_between"}
+    types = [r["expectation_config"]["type"] for r in validation.result["results"]]
+    assert types == ["expect_column_values_to_match_regex", "expect_column_values_to_be_between"]
+
+
+@pytest.mark.parametrize(("constraint", "value", "texts", "passed"), [
+    ("regex", "(yes|no)", ["yes", "no!", "maybe"], [True, False, False]),
+    ("choice", ["red", "green"], ["red", "Red", "green "], [True, False, False]),
+    ("grammar", 'root ::= "(" [0-9]+ ")"', ["(12)", "(12", "12"], [True, False, False]),
+])
+def test_structured_outputs_are_checked_by_an_expectation_of_their_own(constraint, value, texts, passed):
+    from batchgen.job import ExpectationsSpec
+    from expectations.validate import validate_rows
+
+    rows = pd.DataFrame({"item_id": list("abc"), "candidate": 0, "attempt": 1, "text": texts,
+                         "finish_reason": "stop"})
+
+    verdicts = validate_rows(rows, ExpectationsSpec(require_stop=False), None, "unit-structured",
+                             structured=(constraint, value)).verdicts
+
+    assert verdicts["passed"].tolist() == passed
+    assert verdicts["failed"].tolist() == [[] if ok else [constraint] for ok in passed]

@@ -1,0 +1,1 @@
+"""Tests of the tasks package's plain functions, one module per module."""
