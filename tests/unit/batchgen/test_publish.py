@@ -111,6 +111,28 @@ def test_commit_refuses_a_directory_that_is_not_a_staged_publication(tmp_path):
     assert read_current(out) == (1, 3)
 
 
+def test_a_failure_after_the_switch_never_discards_what_current_points_at(tmp_path, monkeypatch):
+    """Once `current` names the new publication, a later failure of the commit (syncing the folder, writing the
+    history) leaves it in place: readers already see it, and the run's clean-up must not remove it."""
+    out = tmp_path / "out"
+    publish_version(out, 1, 5)
+    accepted, rejected, attempts = dataset(2, 7)
+    real_fsync_dir = publishing.fsync_dir
+
+    def fail_after_switch(path):
+        if os.readlink(out / "current") == f"publications/{staged.staging.name}":
+            raise OSError("injected failure after the switch")
+        return real_fsync_dir(path)
+
+    staged = stage_frames(out, accepted, rejected, attempts, [], {"version": 2, "counts": {"accepted": 7}})
+    monkeypatch.setattr(publishing, "fsync_dir", fail_after_switch)
+    with pytest.raises(OSError, match="after the switch"), staged:
+        staged.commit()
+    monkeypatch.undo()
+    assert staged.committed and staged.staging.is_dir()
+    assert read_current(out) == (2, 7)
+
+
 @pytest.mark.parametrize("step", ["results", "jsonl mirror", "manifest", "symlink", "switch"])
 def test_crash_at_any_step_leaves_the_previous_publication(tmp_path, monkeypatch, step):
     out = tmp_path / "out"
