@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import batchgen  # noqa: F401  (first: sets process defaults before Prefect reads its settings)
 
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
@@ -46,8 +47,9 @@ class ShardFailed(RuntimeError):
 @task(name="run-shard", retries=2, retry_delay_seconds=5, cache_policy=INPUTS + RUN_ID, persist_result=True)
 def run_shard_task(deployment: str, parameters: dict[str, Any], label: str) -> str:
     """Run one shard as a deployment run and wait for it; a failed or crashed run is retried as a new run."""
-    run = run_deployment(name=deployment, parameters=parameters, timeout=None, as_subflow=True,
+    run = run_deployment(name=deployment, parameters=parameters, timeout=0, as_subflow=True,
                          tags=["batchgen-shard"])
+    run = wait_for_final_state(run.id, label)
     state = run.state
     if state is None or not state.is_completed():
         raise ShardFailed(f"{label}: flow run {run.name} ({run.id}) ended {state.name if state else 'without a state'}"
@@ -76,6 +78,32 @@ def write_shard_job(job: JobSpec, out_dir: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(job.model_dump(mode="json"), allow_unicode=True, sort_keys=False), encoding="utf-8")
     return path
+
+
+API_ERRORS_TOLERATED_SECONDS = 120.0  # a shard's run may outlast a busy API; longer than that is a real failure
+
+
+def wait_for_final_state(flow_run_id: Any, label: str, poll_seconds: float = 5.0,
+                         tolerate_seconds: float = API_ERRORS_TOLERATED_SECONDS) -> Any:
+    """The flow run once its state is final, read from the API every `poll_seconds`. An API error while waiting
+    (a busy server answering 500, a dropped connection) is retried for up to `tolerate_seconds` in a row: a
+    shard that is running, or already done, is not started again because one answer was lost."""
+    from prefect import get_client
+
+    failing_since = None
+    while True:
+        try:
+            with get_client(sync_client=True) as client:
+                run = client.read_flow_run(flow_run_id)
+            failing_since = None
+            if run.state is not None and run.state.is_final():
+                return run
+        except Exception as exc:  # httpx and Prefect's HTTP errors alike: the server may answer again
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > tolerate_seconds:
+                raise
+            print(f"{label}: reading flow run {flow_run_id} failed ({type(exc).__name__}: {exc}); trying again")
+        time.sleep(poll_seconds)
 
 
 @flow(name="sharded-batch-generation", log_prints=True)
