@@ -49,7 +49,8 @@ def run_shard_task(deployment: str, parameters: dict[str, Any], label: str) -> s
     """Run one shard as a deployment run and wait for it; a failed or crashed run is retried as a new run."""
     run = run_deployment(name=deployment, parameters=parameters, timeout=0, as_subflow=True,
                          tags=["batchgen-shard"])
-    run = wait_for_final_state(run.id, label)
+    if run.state is None or not run.state.is_final():  # created and scheduled: wait for a worker to run it
+        run = wait_for_final_state(run.id, label)
     state = run.state
     if state is None or not state.is_completed():
         raise ShardFailed(f"{label}: flow run {run.name} ({run.id}) ended {state.name if state else 'without a state'}"
