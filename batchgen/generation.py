@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from array import array
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any, NamedTuple, Protocol
@@ -94,22 +95,27 @@ def top_logprobs(positions: Any) -> list[list[dict[str, Any]]] | None:
 
 def request_key(request: GenRequest, sampling: dict[str, Any], model_identity: str) -> str:
     """What makes a result reusable: item, prompt, model, sampling, budget and prefix."""
-    payload = {
-        "item": request.item_id,
-        "prompt": hashlib.sha256(json.dumps(request.prompt_token_ids).encode()).hexdigest(),
-        "prefix": hashlib.sha256(json.dumps(request.prefix_token_ids).encode()).hexdigest(),
-        "model": model_identity,
-        "sampling": {k: v for k, v in sampling.items() if k not in ("max_tokens", "n")},
-        **({"temperature": request.temperature}
-           if request.temperature is not None and request.temperature != sampling.get("temperature") else {}),
-        "max_tokens": request.max_tokens,
-        "n": request.n,
-        "candidate": request.candidate,
-        "attempt": request.attempt,
-        "strategy": request.strategy,
-        **({"lora": request.lora} if request.lora is not None else {}),
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    return request_keys([request], sampling, model_identity)[0]
+
+
+def request_keys(requests: list[GenRequest], sampling: dict[str, Any], model_identity: str) -> list[str]:
+    """`request_key` of many requests: the run-wide part (model, sampling) is hashed once, then each request
+    adds its own fields and its token ids as bytes (no JSON per request: this runs for every item)."""
+    shared = {k: v for k, v in sampling.items() if k not in ("max_tokens", "n")}
+    base = hashlib.sha256(json.dumps({"model": model_identity, "sampling": shared}, sort_keys=True,
+                                     default=str).encode())
+    job_temperature = sampling.get("temperature")
+    keys = []
+    for r in requests:
+        temperature = r.temperature if r.temperature is not None and r.temperature != job_temperature else None
+        h = base.copy()
+        # repr of a tuple of str/int/float/None is unambiguous; the token ids follow with their counts
+        h.update(repr((r.item_id, temperature, r.max_tokens, r.n, r.candidate, r.attempt, r.strategy, r.lora,
+                       len(r.prompt_token_ids), len(r.prefix_token_ids))).encode())
+        h.update(array("q", r.prompt_token_ids).tobytes())
+        h.update(array("q", r.prefix_token_ids).tobytes())
+        keys.append(h.hexdigest()[:32])
+    return keys
 
 
 def _row_value(row: Any, name: str) -> Any:
@@ -275,7 +281,7 @@ def run_requests(
     from batchgen.adapters import lora_request
 
     base = sampling_kwargs(sampling)
-    keyed = [(request_key(r, base, model_identity), r) for r in requests]
+    keyed = list(zip(request_keys(requests, base, model_identity), requests))
     if callable(done):
         done = done({key for key, _ in keyed})
     done = done or {}

@@ -45,7 +45,6 @@ from batchgen.card import dataset_card
 from batchgen.files import fsync_dir, replaced, sha256_of, write_text
 from batchgen.records import ATTEMPTS_SCHEMA, Manifest, RunTotals
 from batchgen.schema import accepted_schema, input_fields, output_names, published_input_names, rejected_schema
-from batchgen.store import write_atomic
 
 ACCEPTED_TABLE, REJECTED_TABLE, ATTEMPTS_TABLE = "accepted", "rejected", "attempts"
 RESULTS = f"{ACCEPTED_TABLE}/{ACCEPTED_TABLE}.parquet"
@@ -186,23 +185,34 @@ def unified_schema(schemas: list[pa.Schema]) -> pa.Schema:
     return pa.schema([pa.field(f.name, pa.string()) if pa.types.is_null(f.type) else f for f in unified])
 
 
-def _write_table(tables: Iterable[pa.Table], schema: pa.Schema, staging: Path, name: str,
+def _write_table(tables: Iterable[pa.Table | tuple[pa.Table, Path]], schema: pa.Schema, staging: Path, name: str,
                  jsonl: bool) -> dict[str, Any]:
-    """Write tables one after another into one Parquet file `name` (and its JSON-lines mirror), atomically."""
+    """Write tables one after another into one Parquet file `name` (and its JSON-lines mirror), atomically.
+    A piece may come with the file of its JSON lines, rendered when its window was staged (`add_window`): they
+    are copied as they are when the piece's schema is the table's."""
     path, mirror = staging / name, staging / mirror_name(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     if jsonl:
         mirror.parent.mkdir(parents=True, exist_ok=True)
     rows = 0
-    with replaced(path) as tmp, (replaced(mirror) if jsonl else contextlib.nullcontext()) as tmp_mirror:
+    # No fsync here: commit() syncs every file of the publication before the switch.
+    with replaced(path, sync=False) as tmp, \
+            (replaced(mirror, sync=False) if jsonl else contextlib.nullcontext()) as tmp_mirror:
         with pq.ParquetWriter(tmp, schema) as writer, \
-                (open(tmp_mirror, "w", encoding="utf-8") if jsonl else contextlib.nullcontext()) as lines:
-            for table in tables:
-                table = table.select(schema.names).cast(schema) if table.schema != schema else table
+                (open(tmp_mirror, "wb") if jsonl else contextlib.nullcontext()) as lines:
+            for piece in tables:
+                table, rendered = piece if isinstance(piece, tuple) else (piece, None)
+                same = table.schema == schema
+                table = table if same else table.select(schema.names).cast(schema)
                 writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
                 rows += table.num_rows
-                if lines is not None:
-                    lines.write(_jsonl(table))
+                if lines is None:
+                    continue
+                if same and rendered is not None and rendered.is_file():  # the part's own lines, as written
+                    with open(rendered, "rb") as part:
+                        shutil.copyfileobj(part, lines, 1 << 20)
+                else:  # a part whose columns were unified with other windows' (or a merge's table): as published
+                    lines.write(_jsonl(table).encode("utf-8"))
     files = {name: {"rows": rows, "sha256": sha256_of(path)}}
     if jsonl:
         files[mirror_name(name)] = {"rows": rows, "sha256": sha256_of(mirror)}
@@ -219,7 +229,7 @@ def _history(out_dir: Path) -> list[str]:
         return []
 
 
-Streams = dict[str, tuple[pa.Schema, Iterable[pa.Table]]]  # {table file: (its schema, its pieces in order)}
+Streams = dict[str, tuple[pa.Schema, Iterable[pa.Table | tuple[pa.Table, Path]]]]  # {table file: (schema, pieces)}
 
 
 class Publication:
@@ -269,7 +279,12 @@ class Publication:
         parts = self.staging / PARTS
         parts.mkdir(exist_ok=True)
         for name, table in tables.items():
-            write_atomic(table, parts / f"{Path(name).stem}-{index:06d}.parquet")
+            part = parts / f"{Path(name).stem}-{index:06d}"
+            if self.jsonl:  # its JSON lines now, while the engine works on later windows, not all at seal
+                with replaced(part.with_suffix(".jsonl"), sync=False) as tmp:
+                    tmp.write_text(_jsonl(table), encoding="utf-8")
+            with replaced(part.with_suffix(".parquet"), sync=False) as tmp:  # a part is not kept after a crash:
+                pq.write_table(table, tmp)  # no fsync (commit syncs the joined tables)
         with self._lock:
             self.totals = self.totals + totals
             self.windows_done = time.perf_counter()
@@ -279,7 +294,7 @@ class Publication:
         for name in TABLE_FILES.values():
             paths = sorted((self.staging / PARTS).glob(f"{Path(name).stem}-*.parquet"))
             streams[name] = (unified_schema([pq.read_schema(path) for path in paths]),
-                             (pq.read_table(path) for path in paths))
+                             ((pq.read_table(path), path.with_suffix(".jsonl")) for path in paths))
         return streams
 
     def seal(self, manifest: Manifest, validation: list[dict[str, Any]], tables: Streams | None = None) -> Manifest:

@@ -245,6 +245,8 @@ def test_windows_staged_as_parts_join_into_one_file_per_table(tmp_path):
     assert manifest["files"][RESULTS]["rows"] == 4
     lines = (staged / "jsonl" / "accepted.jsonl").read_text(encoding="utf-8").splitlines()
     assert [json.loads(line)["item_id"] for line in lines] == ["a", "b", "c", "d"]
+    # each window's lines were rendered when it was staged; a window whose column the join made text is re-rendered
+    assert [json.loads(line)["score"] for line in lines] == [None, None, "0.5", "high"]
     assert not (staged / PARTS).exists()
     verify_publication(staged)
 
