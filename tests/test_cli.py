@@ -13,12 +13,13 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, product_job
+from tests.servers import prefect_home
 
 BATCHGEN = [sys.executable, "-m", "batchgen.cli"]
 
 
 def run_cli(args, tmp_path, timeout=600, module=None):
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    env = {**os.environ, "PREFECT_HOME": str(prefect_home(tmp_path / "prefect-home"))}
     command = [sys.executable, "-m", module, *args] if module else [*BATCHGEN, *args]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.conftest import product_job
-from tests.servers import ARTIFACTS, ROOT, PrefectServer, _stop, wait_for_flow_run, worker
+from tests.servers import ARTIFACTS, ROOT, PrefectServer, _stop, prefect_home, wait_for_flow_run, worker
 
 BATCHGEN = [sys.executable, "-m", "batchgen.cli"]
 POOL = "my-pool"
@@ -33,7 +33,7 @@ class UiServer(PrefectServer):
     """The server as a user starts it: `batchgen ui --port N`, with nothing telling the UI where its API is."""
 
     def start(self, timeout: float = 180) -> UiServer:
-        self.home.mkdir(parents=True, exist_ok=True)
+        prefect_home(self.home)
         ARTIFACTS.mkdir(exist_ok=True)
         env = self.env(PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="5")
         for name in ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PREFECT_SERVER_UI_API_URL"):

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, product_job
+from tests.servers import prefect_home
 
 pytestmark = pytest.mark.engine
 
@@ -32,7 +33,7 @@ def test_run_with_engine_processes_exits_once_published(tmp_path):
     log = tmp_path / "run.log"
     with open(log, "w") as handle:
         process = subprocess.Popen([sys.executable, "-c", PRELUDE, "run", str(path)], cwd=ROOT,
-                                   env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")},
+                                   env={**os.environ, "PREFECT_HOME": str(prefect_home(tmp_path / "prefect-home"))},
                                    stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
     manifest = tmp_path / "out" / "current" / "manifest.json"
     deadline = time.monotonic() + 600
