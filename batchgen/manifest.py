@@ -7,7 +7,6 @@ from pathlib import Path
 from collections import Counter
 from datetime import datetime, timezone
 from importlib import metadata
-from typing import Any
 
 import pandas as pd
 
