@@ -23,6 +23,7 @@ from batchgen.progress import for_run, run_key
 from batchgen.publish import CURRENT, PUBLICATIONS, REJECTED, RESULTS, Publication
 from batchgen.records import ATTEMPTS_SCHEMA, EngineStats, Manifest, RunTotals, Tally, Window
 from batchgen.remote import CURRENT_JSON, upload_publication
+from batchgen.report import preload as preload_report
 from batchgen.report import report_markdown, write_report
 from batchgen.retry import latest_attempts
 from batchgen.summary import summary_markdown
@@ -33,7 +34,8 @@ from tasks.validate import Validated
 
 def open_publication(job: JobSpec) -> Publication:
     """The run's publication (the one writer of its tables): staged, and discarded if the run fails before it
-    is committed. Use it as a context manager."""
+    is committed. Use it as a context manager. The report's libraries load in the background meanwhile."""
+    preload_report()
     return Publication.open(Path(job.output.dir), jsonl=job.output.jsonl, keep=job.output.keep,
                             id_column=job.input.id_column)
 

@@ -8,6 +8,7 @@ markdown), `datadocs` (GX's Data Docs site) and `offline_docs` (that site, rewri
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from batchgen.files import write_text as write_text_atomic
@@ -15,7 +16,35 @@ from batchgen.report.datadocs import DATA_DOCS, build_data_docs
 from batchgen.report.page import REPORT, figures_markdown, render_html
 from batchgen.report.read import NotAPublicationError, load_publication
 
-__all__ = ["DATA_DOCS", "REPORT", "NotAPublicationError", "load_publication", "report_markdown", "write_report"]
+__all__ = ["DATA_DOCS", "REPORT", "NotAPublicationError", "load_publication", "preload", "report_markdown",
+           "write_report"]
+
+
+def _load_libraries() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import great_expectations.render.renderer.site_builder  # noqa: F401  (Data Docs' site builder)
+    import matplotlib.pyplot  # noqa: F401
+    from matplotlib import font_manager
+
+    font_manager.findfont("DejaVu Sans")  # reads the font list once
+
+
+def preload() -> threading.Thread:
+    """Import what the report needs (matplotlib and its fonts, GX's site builder: about a second in a fresh
+    process) in a background thread, while the engine works, so that it is not paid after the engine is done.
+    Returns the thread; a failure here is left for the report itself to raise."""
+
+    def load() -> None:
+        try:
+            _load_libraries()
+        except Exception:  # noqa: BLE001  (write_report imports them again and says what is wrong)
+            pass
+
+    thread = threading.Thread(target=load, name="batchgen-report-preload", daemon=True)
+    thread.start()
+    return thread
 
 
 def write_report(run_dir: Path) -> Path:
