@@ -18,6 +18,7 @@ from batchgen.generation import (
     first_pass_requests,
     output_rows,
     request_key,
+    request_keys,
     run_requests,
     sampling_kwargs,
     sampling_params,
@@ -138,6 +139,21 @@ def test_request_key_is_stable():
 ])
 def test_request_key_changes_with_what_shapes_the_output(changed):
     assert changed() != key()
+
+
+def test_request_key_tells_apart_token_ids_split_differently_between_prompt_and_prefix():
+    # the ids are hashed as bytes one after another: their counts keep [1, 2] + [3] apart from [1] + [2, 3]
+    assert key(request(prompt_token_ids=[1, 2], prefix_token_ids=[3])) != \
+        key(request(prompt_token_ids=[1], prefix_token_ids=[2, 3]))
+    assert key(request(prompt_token_ids=[1, 2, 3])) != key(request(prompt_token_ids=[1, 2, 3, 0]))
+
+
+def test_request_keys_of_a_list_are_each_request_s_own_key():
+    requests = [request("p1"), request("p2", max_tokens=32), request("p1", attempt=2, strategy="grow", candidate=0),
+                request("p3", temperature=0.2), request("p3", temperature=0.7)]  # 0.7: the job's, not a row's own
+    keys = request_keys(requests, BASE_SAMPLING, MODEL)
+    assert keys == [key(r) for r in requests]
+    assert len(set(keys)) == 5 and keys[0] == key() and keys[4] == key(request("p3"))
 
 
 def test_request_key_ignores_the_job_level_budget_and_prompt_text():
