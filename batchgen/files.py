@@ -28,9 +28,9 @@ def replaced(path: str | Path, sync: bool = True) -> Iterator[Path]:
             tmp.unlink()
 
 
-def write_text(text: str, path: str | Path) -> None:
-    """Write a text file atomically (`replaced`)."""
-    with replaced(path) as tmp:
+def write_text(text: str, path: str | Path, sync: bool = True) -> None:
+    """Write a text file atomically (`replaced`; `sync=False` leaves the fsync to the caller)."""
+    with replaced(path, sync=sync) as tmp:
         tmp.write_text(text, encoding="utf-8")
 
 

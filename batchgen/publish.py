@@ -45,6 +45,7 @@ from batchgen.card import dataset_card
 from batchgen.files import fsync_dir, replaced, sha256_of, write_text
 from batchgen.records import ATTEMPTS_SCHEMA, Manifest, RunTotals
 from batchgen.schema import accepted_schema, input_fields, output_names, published_input_names, rejected_schema
+from batchgen.store import write_atomic
 
 ACCEPTED_TABLE, REJECTED_TABLE, ATTEMPTS_TABLE = "accepted", "rejected", "attempts"
 RESULTS = f"{ACCEPTED_TABLE}/{ACCEPTED_TABLE}.parquet"
@@ -279,12 +280,11 @@ class Publication:
         parts = self.staging / PARTS
         parts.mkdir(exist_ok=True)
         for name, table in tables.items():
+            # A part is not kept after a crash: no fsync (commit syncs the joined tables).
             part = parts / f"{Path(name).stem}-{index:06d}"
             if self.jsonl:  # its JSON lines now, while the engine works on later windows, not all at seal
-                with replaced(part.with_suffix(".jsonl"), sync=False) as tmp:
-                    tmp.write_text(_jsonl(table), encoding="utf-8")
-            with replaced(part.with_suffix(".parquet"), sync=False) as tmp:  # a part is not kept after a crash:
-                pq.write_table(table, tmp)  # no fsync (commit syncs the joined tables)
+                write_text(_jsonl(table), part.with_suffix(".jsonl"), sync=False)
+            write_atomic(table, part.with_suffix(".parquet"), sync=False)
         with self._lock:
             self.totals = self.totals + totals
             self.windows_done = time.perf_counter()
@@ -305,11 +305,12 @@ class Publication:
         for name, (schema, pieces) in (tables if tables is not None else self._parts()).items():
             files.update(_write_table(pieces, schema, self.staging, name, self.jsonl))
         shutil.rmtree(self.staging / PARTS, ignore_errors=True)
-        write_text(json.dumps(validation, ensure_ascii=False, indent=1, default=str), self.staging / VALIDATION)
+        write_text(json.dumps(validation, ensure_ascii=False, indent=1, default=str), self.staging / VALIDATION,
+                   sync=False)  # commit() syncs every file of the publication before the switch
         files[VALIDATION] = {"sha256": sha256_of(self.staging / VALIDATION)}
         manifest = Manifest.model_validate({**manifest.to_json(), "publication": self.staging.name, "files": files})
         schemas = {table: pq.read_schema(self.staging / name) for table, name in TABLE_FILES.items() if name in files}
-        write_text(dataset_card(manifest, schemas), self.staging / CARD)
+        write_text(dataset_card(manifest, schemas), self.staging / CARD, sync=False)
         files[CARD] = {"sha256": sha256_of(self.staging / CARD)}
         self.manifest = Manifest.model_validate({**manifest.to_json(), "files": files})
         write_text(json.dumps(self.manifest.to_json(), ensure_ascii=False, indent=2, default=str),

@@ -23,9 +23,10 @@ from batchgen.records import ATTEMPT_SCHEMA, Attempt, columns_of
 log = logging.getLogger("batchgen.store")
 
 
-def write_atomic(table: pa.Table, path: Path) -> None:
-    """Write a Parquet file so that readers see the old file or the whole new one, never a part."""
-    with replaced(path) as tmp:
+def write_atomic(table: pa.Table, path: Path, sync: bool = True) -> None:
+    """Write a Parquet file so that readers see the old file or the whole new one, never a part (`sync=False`
+    leaves the fsync to the caller)."""
+    with replaced(path, sync=sync) as tmp:
         pq.write_table(table, tmp)
 
 

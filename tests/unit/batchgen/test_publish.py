@@ -148,7 +148,7 @@ def test_crash_at_any_step_leaves_the_previous_publication(tmp_path, monkeypatch
     elif step == "manifest":
         real = files.write_text
         monkeypatch.setattr(publishing, "write_text",
-                            lambda text, path: boom() if path.name == "manifest.json" else real(text, path))
+                            lambda text, path, **kw: boom() if path.name == "manifest.json" else real(text, path, **kw))
     elif step == "symlink":
         monkeypatch.setattr(publishing.os, "symlink", boom)
     else:  # the rename of the temporary link onto `current`
