@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from collections.abc import Callable
+
 from batchgen.job import EngineSpec
 from batchgen.models import ModelRef, model_max_len, resolve_model
 from batchgen.stream import EngineStream
@@ -32,17 +34,21 @@ CPU_KV_CACHE_BYTES = 2 << 30  # ~45k tokens of KV for the default model
 CPU_BLOCK_SIZE = 32
 
 _LOCK = threading.Lock()
-_ENGINES: dict[tuple, Engine] = {}
+_ENGINES: dict[tuple, Any] = {}  # Engine or engine_process.ProcessEngine
 LOADS = 0  # engines built by this process: one per engine spec, however many passes and runs
 
 
 @dataclass
 class Engine:
+    """The engine in this process. batchgen.engine_process.ProcessEngine is the same surface (but `llm`) for an
+    engine in a process of its own."""
+
     llm: Any  # vllm.LLM
     model: ModelRef
     args: dict[str, Any]
     max_model_len: int
     load_seconds: float
+    dtype: str | None = None  # what vLLM loaded ("auto" resolved)
     _stream: EngineStream | None = field(default=None, repr=False)
     _stream_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -53,6 +59,19 @@ class Engine:
             if self._stream is None or not self._stream.alive:
                 self._stream = EngineStream(self.llm.llm_engine)
             return self._stream
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(llm, *args) on the stream's thread once the engine is idle (beam search, a prefix-cache reset, a
+        whole LLM.generate call): the engine is never used from two threads."""
+        return self.stream.call(lambda: fn(self.llm, *args))
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+        try:
+            self.llm.llm_engine.engine_core.shutdown()
+        except Exception:  # a dead engine may fail to shut down; it is being dropped anyway
+            log.debug("engine shutdown failed", exc_info=True)
 
 
 def on_cpu() -> bool:
@@ -142,38 +161,60 @@ def engine_in_process(spec: EngineSpec, cpu: bool, environ: dict[str, str] | Non
     return cpu and spec.tensor_parallel_size == 1 and spec.pipeline_parallel_size == 1
 
 
+def front_end_in_process(spec: EngineSpec, cpu: bool) -> bool:
+    """Whether vLLM's front end (LLMEngine: adding requests, detokenizing, building outputs) and batchgen's engine
+    stream run in the run's process rather than in a process of their own (batchgen.engine_process).
+
+    The job's `engine.front_end_process` decides; else a process of its own on GPUs, where a small model's engine
+    is paced by that front end and the pipeline's own Python would share its interpreter lock; and the run's
+    process on CPU builds, where the engine needs every core and sets the pace itself."""
+    if spec.front_end_process is not None:
+        return not spec.front_end_process
+    return cpu
+
+
 def _key(spec: EngineSpec) -> tuple:
     # which adapter requests use does not change the engine
     exclude = {"lora", "lora_column", "lora_adapters"}  # adapters are loaded per request
     return tuple(sorted((k, repr(v)) for k, v in spec.model_dump(exclude=exclude).items()))
 
 
-def get_engine(spec: EngineSpec) -> Engine:
-    """The process's engine for this spec, created on first use."""
+def get_engine(spec: EngineSpec) -> Any:
+    """The process's engine for this spec, created on first use: an Engine, or a ProcessEngine when its front end
+    runs in a process of its own (`front_end_in_process`)."""
     key = _key(spec)
     with _LOCK:
         engine = _ENGINES.get(key)
         if engine is not None:
             return engine
-        from vllm import LLM
-
         model = resolve_model(spec.model)
         cpu = on_cpu()
         args = planned_engine_args(spec)
         in_process = engine_in_process(spec, cpu)
         # vLLM reads this when the engine starts (and caches its settings after the first engine of a process).
         os.environ[ENGINE_PROCESSES_ENV] = "0" if in_process else "1"
-        log.info("loading %s %s with %s", model.name, "in this process" if in_process else "in engine processes",
+        front_end_here = front_end_in_process(spec, cpu)
+        log.info("loading %s %s%s with %s", model.name, "in this process" if in_process else "in engine processes",
+                 "" if front_end_here else ", its front end in a process of its own",
                  {k: v for k, v in args.items() if k not in ("model", "tokenizer")})
         started = time.perf_counter()
         global LOADS
         LOADS += 1
         # vLLM's weight-loading bar only with `batchgen run --verbose` (outside `args`: not part of request keys)
-        llm = LLM(**{"use_tqdm_on_load": os.environ.get("BATCHGEN_VERBOSE") == "1", **args})
-        max_len = llm.llm_engine.model_config.max_model_len
-        engine = Engine(llm=llm, model=model, args=args, max_model_len=max_len,
-                        load_seconds=time.perf_counter() - started)
-        log.info("engine ready in %.1f s (max_model_len %d)", engine.load_seconds, max_len)
+        llm_kwargs = {"use_tqdm_on_load": os.environ.get("BATCHGEN_VERBOSE") == "1", **args}
+        if front_end_here:
+            from vllm import LLM
+
+            llm = LLM(**llm_kwargs)
+            config = llm.llm_engine.model_config
+            engine = Engine(llm=llm, model=model, args=args, max_model_len=config.max_model_len,
+                            load_seconds=time.perf_counter() - started,
+                            dtype=str(config.dtype).removeprefix("torch."))
+        else:
+            from batchgen.engine_process import ProcessEngine
+
+            engine = ProcessEngine(model, args, llm_kwargs)
+        log.info("engine ready in %.1f s (max_model_len %d)", engine.load_seconds, engine.max_model_len)
         _ENGINES[key] = engine
         _stop_at_exit()
         return engine
@@ -192,7 +233,7 @@ def _stop_at_exit() -> None:
         _EXIT_HOOK.append(atexit.register(shutdown_all))
 
 
-def loaded_engine(spec: EngineSpec) -> Engine | None:
+def loaded_engine(spec: EngineSpec) -> Any:
     """The process's engine for this spec if one was built (the manifest reads what vLLM actually loaded)."""
     with _LOCK:
         return _ENGINES.get(_key(spec))
@@ -234,12 +275,6 @@ def shutdown_all() -> None:
         _shutdown(engine)
 
 
-def _shutdown(engine: Engine | None) -> None:
-    if engine is None:
-        return
-    if engine._stream is not None:
-        engine._stream.close()
-    try:
-        engine.llm.llm_engine.engine_core.shutdown()
-    except Exception:  # a dead engine may fail to shut down; it is being dropped anyway
-        log.debug("engine shutdown failed", exc_info=True)
+def _shutdown(engine: Any) -> None:
+    if engine is not None:
+        engine.close()

@@ -223,8 +223,9 @@ def chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
 
 
 class EngineLike(Protocol):
-    llm: Any  # vllm.LLM (beam search goes through it)
-    stream: Any  # batchgen.stream.EngineStream
+    stream: Any  # batchgen.stream.EngineStream, or engine_process.RemoteStream
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any: ...  # fn(llm, *args) where the engine runs
 
 
 def engine_requests(pending: list[tuple[str, GenRequest]], base: dict[str, Any]) -> tuple[list[Any], list[Any]]:
@@ -303,7 +304,7 @@ def run_requests(
     if base.get("beam_search"):  # LLM.beam_search runs whole calls: in chunks, on the stream's thread
         started = time.perf_counter()
         for chunk in chunks(pending, commit_every):
-            new_rows = engine.stream.call(lambda: beam_search_chunk(engine.llm, chunk, base, sampling.logprobs))
+            new_rows = engine.run(beam_search_chunk, chunk, base, sampling.logprobs)
             rows.extend(new_rows)
             finished += len(chunk)
             if on_commit is not None:

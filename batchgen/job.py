@@ -158,6 +158,13 @@ class EngineSpec(_Section):
         "parallelism; off on CPU builds, where one process started 3.6x faster and generated 1.7x "
         "faster on 2 cores. The first engine of a process decides for the process.",
     )
+    front_end_process: bool | None = Field(
+        None,
+        description="Run vLLM's front end (adding requests, detokenizing, building outputs) and batchgen's engine "
+        "stream in a process of their own, so that the pipeline's own work (prompts, validation, staging, "
+        "Prefect) never shares an interpreter lock with it. Default: on GPUs yes; on CPU builds no, where the "
+        "engine needs every core.",
+    )
     max_num_seqs: int | None = Field(None, ge=1, description="Sequences batched at once; vLLM's default when absent.")
     enable_lora: bool = Field(False, description="Load the model with LoRA support (vllm.LLM enable_lora), so "
                               "requests can use the adapters of lora_adapters.")

@@ -233,6 +233,7 @@ def sample_outputs(spec: JobSpec, checked: Checked, count: int) -> dict[str, Any
     """Generate the first `count` prompts with the job's sampling on the real engine: how many are cut off at the
     first pass's budget, and, for those, how long they run at the retry cap (the budget they would need)."""
     from batchgen.engine import get_engine
+    from batchgen.engine_process import generate as generate_outputs
     from batchgen.generation import engine_budget, first_pass_requests, sampling_kwargs, sampling_params
 
     requests = first_pass_requests(checked.built.prompts.head(count), spec.sampling)
@@ -245,8 +246,8 @@ def sample_outputs(spec: JobSpec, checked: Checked, count: int) -> dict[str, Any
         params = [sampling_params({**engine_budget(base, r), **({"max_tokens": budget} if budget else {})})
                   for r in batch]
         prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in batch]
-        # on the stream's thread: the engine is never used from two threads (a run may share this process)
-        return engine.stream.call(lambda: engine.llm.generate(prompts, params, use_tqdm=False))
+        # once the engine is idle, where it runs: the engine is never used from two threads
+        return engine.run(generate_outputs, prompts, params)
 
     first = generate(requests)
     outputs = [c for out in first for c in out.outputs]

@@ -224,7 +224,5 @@ def engine_provenance(job: JobSpec, engine_args: dict[str, Any]) -> dict[str, An
     if engine is None:  # nothing was generated in this process (every result reused)
         facts.update(dtype=None, note="no engine ran in this run; every result was reused")
         return facts
-    config = engine.llm.llm_engine.model_config
-    facts.update(dtype=str(config.dtype).removeprefix("torch."), max_model_len=int(config.max_model_len),
-                 load_seconds=round(engine.load_seconds, 3))
+    facts.update(dtype=engine.dtype, max_model_len=int(engine.max_model_len), load_seconds=round(engine.load_seconds, 3))
     return facts

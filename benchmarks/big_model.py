@@ -114,21 +114,18 @@ def measure(args: argparse.Namespace, device: dict[str, Any] | None, command: st
             bench.log(f"building the engine for {model.name} (load_format dummy)")
             with memory.phase() as at_load:
                 engine = batchgen.engine.get_engine(job.engine)  # the flow's get_engine(job.engine) finds this one
-            llm = engine.llm
             params = SamplingParams(**sampling_kwargs(job.sampling))
             bench.log("warm-up: 8 prompts raw, then the flow on 8 items (one-time costs)")
             warm_params = SamplingParams(**{**sampling_kwargs(job.sampling), "max_tokens": 4})
-            from vllm import TokensPrompt
-
-            llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids[:8]], warm_params, use_tqdm=False)
+            engine.run(bench.timed_generate, prompt_ids[:8], warm_params)
             warm = big_job(bench, bench.write_products(work / "warm.csv", 8), work / "out-warm", model, 4)
             bench.run_flow(warm, memory)
 
             bench.log(f"raw vLLM, one call on {args.items} prompts, {args.max_tokens} tokens each")
-            bench.cold_prefix_cache(llm)
-            raw = bench.run_raw(llm, prompt_ids, params, memory)
+            bench.cold_prefix_cache(engine)
+            raw = bench.run_raw(engine, prompt_ids, params, memory)
             bench.log(f"the flow on {args.items} items")
-            bench.cold_prefix_cache(llm)
+            bench.cold_prefix_cache(engine)
             run = bench.run_flow(job, memory, by_item)
             loads = batchgen.engine.LOADS
             batchgen.engine.shutdown_all()

@@ -32,6 +32,7 @@ def measure(prompts: int, max_tokens: int) -> dict:
     from vllm import SamplingParams
 
     from batchgen.engine import get_engine
+    from batchgen.engine_process import generate
     from batchgen.job import EngineSpec
 
     imported = time.perf_counter()
@@ -40,7 +41,7 @@ def measure(prompts: int, max_tokens: int) -> dict:
     texts = [f"Write a short description of product number {i}, a waterproof hiking boot." for i in range(prompts)]
     params = [SamplingParams(max_tokens=max_tokens, temperature=0.7, top_p=0.9, seed=i, ignore_eos=True)
               for i in range(prompts)]
-    outputs = engine.llm.generate(texts, params, use_tqdm=False)
+    outputs = engine.run(generate, texts, params)
     done = time.perf_counter()
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     digest = hashlib.sha256("\x00".join(o.outputs[0].text for o in outputs).encode()).hexdigest()

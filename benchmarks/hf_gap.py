@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bench.set_environment()
     cfg = bench.parse_args(["--hf-items", str(args.items)])
-    from vllm import SamplingParams, TokensPrompt
+    from vllm import SamplingParams
 
     from batchgen.generation import sampling_kwargs
     from batchgen.models import default_model_path
@@ -48,12 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     memory = bench.TreeMemory()
     engine, _ = bench.start_engine(memory)
     base = sampling_kwargs(job.sampling)
-    warm = [TokensPrompt(prompt_token_ids=p) for p in prompts[:4]]
-    engine.llm.generate(warm, SamplingParams(**{**base, "max_tokens": 4}), use_tqdm=False)  # one-time costs
+    engine.run(bench.timed_generate, prompts[:4], SamplingParams(**{**base, "max_tokens": 4}))  # one-time costs
     out["vllm"] = {}
     for name, change in (("top_p_0.9", {}), ("top_p_1.0", {"top_p": 1.0}), ("greedy", {"temperature": 0.0})):
         bench.log(f"raw vLLM, {name}")
-        raw = bench.run_raw(engine.llm, prompts, SamplingParams(**{**base, **change}), memory)
+        raw = bench.run_raw(engine, prompts, SamplingParams(**{**base, **change}), memory)
         out["vllm"][name] = {k: raw[k] for k in ("output_tokens", "wall_seconds", "output_tokens_per_second",
                                                  "finish", "loadavg_1min")}
     memory.close()

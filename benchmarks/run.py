@@ -131,6 +131,10 @@ def parse_args(argv: list[str] | None) -> Config:
                         help="also run the flow at the largest size and the headline max_tokens with the example "
                              "job's retry passes on, and compare the whole job with raw vLLM's first pass alone "
                              "(ratio_job_with_retries_vs_raw_first_pass)")
+    parser.add_argument("--front-end", choices=("auto", "process", "here"), default="auto",
+                        help="where vLLM's front end and the engine stream run, for every method (engine."
+                             "front_end_process): auto (a process of its own on GPUs, the run's process on CPU "
+                             "builds), process, or here (the run's process)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes (8 items, max_tokens 8, loop 4, HF 4 on one thread, retries on 4 items, "
                              "no warm-up flow run): a plumbing check, not a measurement")
@@ -155,6 +159,8 @@ def parse_args(argv: list[str] | None) -> Config:
                     with_retries=args.with_retries)
     if min(config.max_tokens_list) < 1:
         parser.error("--max-tokens must be at least 1")
+    if args.front_end != "auto":
+        ENGINE.update(front_end_process=args.front_end == "process")
     for name in ("serial_items", "hf_items", "hf_batch_size", "retry_items", "retry_max_tokens"):
         if getattr(config, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -338,6 +344,10 @@ def write_products(path: Path, count: int) -> Path:
     return make_products.write_csv(path, make_products.products(make_products.EN, count, PRODUCTS_SEED))
 
 
+# The engine section of every job and of the engine built up front (--front-end): one engine for all methods.
+ENGINE: dict[str, Any] = {}
+
+
 def bench_job(products: Path, out_dir: Path, max_tokens: int, retry: dict[str, Any] | None = None,
               extra: dict[str, dict[str, Any]] | None = None) -> Any:
     """The example job's prompt and expectations over `products`, with the benchmark's sampling; `extra`: more
@@ -350,6 +360,7 @@ def bench_job(products: Path, out_dir: Path, max_tokens: int, retry: dict[str, A
         "sampling": {**SAMPLING, "max_tokens": max_tokens},
         "retry": retry or {"max_passes": 0},
         "output": {"dir": str(out_dir)},
+        **({"engine": dict(ENGINE)} if ENGINE else {}),
     }
     for section, values in (extra or {}).items():
         overrides[section] = {**overrides.get(section, {}), **values}
@@ -396,36 +407,38 @@ def finish_counts(outputs: list[Any]) -> dict[str, int]:
     return counts
 
 
-def run_raw(llm: Any, prompts: list[list[int]], params: Any, memory: TreeMemory) -> dict[str, Any]:
-    """(b) One LLM.generate call on every prompt."""
+def timed_generate(llm: Any, prompts: list[list[int]], params: Any, one_at_a_time: bool = False) -> dict[str, Any]:
+    """LLM.generate on every prompt, in one call (or one call per prompt), timed where the engine runs: run through
+    Engine.run, so in the engine's own process when its front end has one, as a user's script would run it."""
     from vllm import TokensPrompt
 
     requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompts]
-    with memory.phase() as mem:
-        started = time.perf_counter()
-        outputs = llm.generate(requests, params, use_tqdm=False)
-        wall = time.perf_counter() - started
-    tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    # One call returns every result at its end: the first result comes with the last.
-    return method_figures(len(prompts), tokens, wall, wall, mem, finish=finish_counts(outputs))
-
-
-def run_serial(llm: Any, prompts: list[list[int]], params: Any, memory: TreeMemory) -> dict[str, Any]:
-    """(c) The seeds' baseline: one prompt per LLM.generate call."""
-    from vllm import TokensPrompt
-
     tokens, first, finish = 0, None, {}
+    started = time.perf_counter()
+    for batch in ([[r] for r in requests] if one_at_a_time else [requests]):
+        outputs = llm.generate(batch, params, use_tqdm=False)
+        tokens += sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        for reason, n in finish_counts(outputs).items():
+            finish[reason] = finish.get(reason, 0) + n
+        if first is None:
+            first = time.perf_counter() - started
+    return {"wall": time.perf_counter() - started, "first": first, "tokens": tokens, "finish": finish}
+
+
+def run_raw(engine: Any, prompts: list[list[int]], params: Any, memory: TreeMemory) -> dict[str, Any]:
+    """(b) One LLM.generate call on every prompt."""
     with memory.phase() as mem:
-        started = time.perf_counter()
-        for ids in prompts:
-            outputs = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
-            tokens += sum(len(c.token_ids) for o in outputs for c in o.outputs)
-            for reason, n in finish_counts(outputs).items():
-                finish[reason] = finish.get(reason, 0) + n
-            if first is None:
-                first = time.perf_counter() - started
-        wall = time.perf_counter() - started
-    return method_figures(len(prompts), tokens, wall, first, mem, finish=finish, subset=True)
+        got = engine.run(timed_generate, prompts, params)
+    # One call returns every result at its end: the first result comes with the last.
+    return method_figures(len(prompts), got["tokens"], got["wall"], got["wall"], mem, finish=got["finish"])
+
+
+def run_serial(engine: Any, prompts: list[list[int]], params: Any, memory: TreeMemory) -> dict[str, Any]:
+    """(c) The seeds' baseline: one prompt per LLM.generate call."""
+    with memory.phase() as mem:
+        got = engine.run(timed_generate, prompts, params, True)
+    return method_figures(len(prompts), got["tokens"], got["wall"], got["first"], mem, finish=got["finish"],
+                          subset=True)
 
 
 def time_report(out: Path) -> float:
@@ -526,7 +539,7 @@ def first_results(timings: dict[str, float], body_started: float, called_at: flo
                                           "generation": f"{output_basis} minus {request_basis}"}
 
 
-def run_with_retries(cfg: Config, llm: Any, products: Path, n: int, max_tokens: int, raw: dict[str, Any],
+def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_tokens: int, raw: dict[str, Any],
                      memory: TreeMemory) -> dict[str, Any]:
     """The whole job with the example job's retry passes on (first pass, retries, validation, publish), against raw
     vLLM's first pass alone (one LLM.generate call, retries off): the target is a ratio of at least 1/1.10."""
@@ -534,7 +547,7 @@ def run_with_retries(cfg: Config, llm: Any, products: Path, n: int, max_tokens: 
 
     retry = yaml.safe_load(JOB_FILE.read_text(encoding="utf-8"))["retry"]
     log(f"(a') the flow on {n} items, max_tokens {max_tokens}, with retries {retry}")
-    cold_prefix_cache(llm)
+    cold_prefix_cache(engine)
     run = run_flow(bench_job(products, cfg.work / f"out-{n}-{max_tokens}-retries", max_tokens, retry=retry), memory)
     counts, flow = run["manifest"]["counts"], run["flow"]
     ratio_job = ratio(raw["wall_seconds"], flow["wall_seconds"])
@@ -588,7 +601,7 @@ def run_retry_strategies(cfg: Config, memory: TreeMemory) -> dict[str, Any]:
         result["growth_factor"], result["max_tokens_cap"] = job.retry.growth_factor, job.retry.max_tokens_cap
         log(f"retry strategy {strategy}: {cfg.retry_items} items, max_tokens {cfg.retry_max_tokens}, "
             f"{cfg.retry_passes} pass(es)")
-        cold_prefix_cache(get_engine(job.engine).llm)
+        cold_prefix_cache(get_engine(job.engine))
         run = run_flow(job, memory)
         counts, attempts = run["manifest"]["counts"], run["attempts"]
         retried = attempts[attempts["attempt"] > 1]
@@ -643,31 +656,29 @@ def start_engine(memory: TreeMemory) -> tuple[Any, dict[str, Any]]:
 
     log("building the vLLM engine (once for the whole run)")
     with memory.phase() as mem:
-        engine = get_engine(EngineSpec())
+        engine = get_engine(EngineSpec(**ENGINE))
     info = {"load_seconds": round(engine.load_seconds, 2), "max_model_len": engine.max_model_len,
             "args": {k: v for k, v in engine.args.items() if k not in ("model", "tokenizer")},
             "dtype": engine_dtype(engine), "peak_rss_mb_at_load": mem["peak_rss_mb"],
+            # where vLLM's front end and the engine stream ran: a process of their own, or the run's
+            "front_end": "process" if hasattr(engine, "process") else "here",
             **({"peak_gpu_memory_mb_at_load": mem["peak_gpu_memory_mb"]} if "peak_gpu_memory_mb" in mem else {})}
     return engine, info
 
 
 def engine_dtype(engine: Any) -> str | None:
     """The dtype vLLM chose (the args may say "auto")."""
-    try:
-        return str(engine.llm.llm_engine.model_config.dtype).removeprefix("torch.")
-    except AttributeError:
-        return None
+    return getattr(engine, "dtype", None)
 
 
 def warm_up(cfg: Config, engine: Any, job: Any, prompts: list[list[int]], memory: TreeMemory) -> dict[str, Any]:
     """First calls pay one-time costs (kernels, imports, GX and Prefect setup): not in any figure."""
-    from vllm import SamplingParams, TokensPrompt
+    from vllm import SamplingParams
 
     from batchgen.generation import sampling_kwargs
 
     started = time.perf_counter()
-    engine.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts[:8]],
-                        SamplingParams(**{**sampling_kwargs(job.sampling), "max_tokens": 4}), use_tqdm=False)
+    engine.run(timed_generate, prompts[:8], SamplingParams(**{**sampling_kwargs(job.sampling), "max_tokens": 4}))
     raw_seconds = time.perf_counter() - started
     if cfg.quick:  # --quick checks the plumbing only: its flow row includes these one-time costs
         return {"raw_seconds": round(raw_seconds, 3), "flow_seconds": None}
@@ -677,10 +688,14 @@ def warm_up(cfg: Config, engine: Any, job: Any, prompts: list[list[int]], memory
     return {"raw_seconds": round(raw_seconds, 3), "flow_seconds": round(warm["wall"], 3)}
 
 
-def cold_prefix_cache(llm: Any) -> None:
+def reset_prefix_cache(llm: Any) -> bool:
+    return llm.reset_prefix_cache()
+
+
+def cold_prefix_cache(engine: Any) -> None:
     """Every method starts with an empty prefix cache: the prompts are the same for all, and a method must not
     reuse the KV blocks of the one before (within a method, prompts sharing a start reuse it, as in any job)."""
-    if not llm.reset_prefix_cache():
+    if not engine.run(reset_prefix_cache):
         raise RuntimeError("vLLM could not reset its prefix cache (requests still running?)")
 
 
@@ -688,28 +703,28 @@ def check_engine_spec(job: Any) -> None:
     from batchgen.engine import _key
     from batchgen.job import EngineSpec
 
-    if _key(job.engine) != _key(EngineSpec()):
+    if _key(job.engine) != _key(EngineSpec(**ENGINE)):
         raise RuntimeError(f"the example job's engine section {job.engine} differs from EngineSpec(): the flow would "
                            "build a second engine")
 
 
-def measure_case(cfg: Config, llm: Any, max_tokens: int, params: Any, csvs: dict[int, Path],
+def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: dict[int, Path],
                  prompt_ids: list[list[int]], by_item: dict[str, list[int]], hf: dict[str, Any],
                  memory: TreeMemory) -> tuple[dict[str, Any], bool]:
     """(a), (b) and (c) at every size for one max_tokens, with (d) measured before; and whether the flow's
     prompt token ids were the ones the other methods got."""
     log(f"(c) one prompt per call on {cfg.serial_items} items, max_tokens {max_tokens}")
-    cold_prefix_cache(llm)
-    serial = run_serial(llm, prompt_ids[:cfg.serial_items], params, memory)
+    cold_prefix_cache(engine)
+    serial = run_serial(engine, prompt_ids[:cfg.serial_items], params, memory)
 
     sizes: dict[str, Any] = {}
     identical = True
     for n in cfg.sizes:
         log(f"(b) raw vLLM, one call on {n} prompts, max_tokens {max_tokens}")
-        cold_prefix_cache(llm)
-        raw = run_raw(llm, prompt_ids[:n], params, memory)
+        cold_prefix_cache(engine)
+        raw = run_raw(engine, prompt_ids[:n], params, memory)
         log(f"(a) the flow on {n} items, max_tokens {max_tokens}")
-        cold_prefix_cache(llm)
+        cold_prefix_cache(engine)
         out = cfg.work / f"out-{n}-{max_tokens}"
         run = run_flow(bench_job(csvs[n], out, max_tokens), memory, by_item)
         identical = identical and bool(run["prompts_identical"])
@@ -755,7 +770,7 @@ def measure_case(cfg: Config, llm: Any, max_tokens: int, params: Any, csvs: dict
             f"{raw['output_tokens_per_second']} tok/s, ratio {sizes[str(n)]['ratio_flow_vs_raw']}")
         if cfg.with_retries and n == max(cfg.sizes) and max_tokens == cfg.max_tokens:
             try:
-                sizes[str(n)]["with_retries"] = run_with_retries(cfg, llm, csvs[n], n, max_tokens, raw, memory)
+                sizes[str(n)]["with_retries"] = run_with_retries(cfg, engine, csvs[n], n, max_tokens, raw, memory)
             except Exception as exc:  # noqa: BLE001 - the other figures of the run still count
                 log(f"WARNING: the run with retries failed: {exc!r}")
                 sizes[str(n)]["with_retries_error"] = repr(exc)
@@ -821,13 +836,12 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
         result["gpu_memory_sampling_seconds"] = GPU_MEMORY_SAMPLING_SECONDS
     with prefect_test_harness(server_startup_timeout=120):
         engine, engine_info = start_engine(memory)
-        llm = engine.llm
         warm = warm_up(cfg, engine, base_job, prompt_ids, memory)
         cases: dict[int, dict[str, Any]] = {}
         identical = True
         for max_tokens in cfg.max_tokens_list:
             params = SamplingParams(**{**sampling_kwargs(base_job.sampling), "max_tokens": max_tokens})
-            cases[max_tokens], same = measure_case(cfg, llm, max_tokens, params, csvs, prompt_ids, by_item,
+            cases[max_tokens], same = measure_case(cfg, engine, max_tokens, params, csvs, prompt_ids, by_item,
                                                    hf_runs[max_tokens], memory)
             identical = identical and same
         retry = run_retry_strategies(cfg, memory)

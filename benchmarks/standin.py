@@ -149,6 +149,8 @@ def standin_engine(llm: StandInLLM) -> SimpleNamespace:
     except ImportError:
         return engine
     engine.stream = EngineStream(llm.llm_engine)
+    engine.dtype = "float32"
+    engine.run = lambda fn, *args: engine.stream.call(lambda: fn(llm, *args))  # batchgen.engine.Engine.run
     return engine
 
 

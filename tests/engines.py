@@ -56,3 +56,46 @@ def stand_in_engine(llm: Any, per_step: int | None = None) -> Engine:
 def completion(index: int, text: str, token_ids: list[int], finish_reason: str) -> SimpleNamespace:
     return SimpleNamespace(index=index, text=text, token_ids=token_ids, cumulative_logprob=None,
                            finish_reason=finish_reason, stop_reason=None, logprobs=None)
+
+
+class ProcessStandInLLM:
+    """vllm.LLM's surface that batchgen.engine_process uses, for an engine process started with the factory
+    "tests.engines:ProcessStandInLLM": `per_step` requests answered every `seconds`, each output's text naming its
+    prompt's first token id."""
+
+    def __init__(self, per_step: int = 2, seconds: float = 0.02, fail: bool = False):
+        if fail:
+            raise ValueError("no such model (stand-in)")
+        self.seconds = seconds
+        self.llm_engine = StandInCore(self.answer, per_step)
+        self.llm_engine.model_config = SimpleNamespace(max_model_len=2048, dtype="float32")
+
+    def answer(self, prompts: list[Any], params: list[Any]) -> list[Any]:
+        import time
+
+        time.sleep(self.seconds)
+        return [SimpleNamespace(outputs=[completion(0, f"out {p['prompt_token_ids'][0]}", [7, 8], "stop")],
+                                prompt_logprobs=None) for p in prompts]
+
+    def generate(self, prompts: list[Any], params: Any, use_tqdm: bool = False) -> list[Any]:
+        outputs = self.answer(prompts, [params] * len(prompts))
+        for number, output in enumerate(outputs):
+            output.request_id, output.finished = str(number), True
+        return outputs
+
+
+def process_id(llm: Any) -> int:
+    """For Engine.run: the id of the process the engine runs in."""
+    import os
+
+    return os.getpid()
+
+
+def aborted_requests(llm: Any) -> list[str]:
+    """For Engine.run: the request ids the stand-in engine core was told to abort."""
+    return list(llm.llm_engine.aborted)
+
+
+def fail(llm: Any, message: str) -> None:
+    """For Engine.run: a call that raises."""
+    raise ValueError(message)

@@ -84,11 +84,13 @@ ITEMS = 24
 def crash_job(tmp_path: Path) -> dict:
     # Commits of 8 outputs each (never by time: commit_seconds out of reach), and 4 sequences at a time, so that
     # commits land one after another while most of the work is still to do (fed all at once, the 24 requests
-    # would finish together); no retries so the work is one pass. The engine runs in processes of its own (as on
-    # GPUs), so that one of them can die while the run goes on. 24 items of 16 tokens: two commits before the
-    # SIGKILL, one left for the rerun (this engine makes ~25 tokens/s on 2 cores).
+    # would finish together); no retries so the work is one pass. The engine runs as on GPUs: vLLM's front end and
+    # the engine stream in a process of their own (batchgen.engine_process), the engine core and model worker in
+    # vLLM's processes, so that one of them can die while the run goes on. 24 items of 16 tokens: two commits
+    # before the SIGKILL, one left for the rerun (this engine makes ~25 tokens/s on 2 cores).
     return product_job(tmp_path, ITEMS, sampling={"max_tokens": 16}, retry={"max_passes": 0}, chunk_size=8,
-                       commit_seconds=3600, engine={"multiprocessing": True, "max_num_seqs": 4})
+                       commit_seconds=3600,
+                       engine={"multiprocessing": True, "front_end_process": True, "max_num_seqs": 4})
 
 
 def engine_core_processes(root: psutil.Process) -> list[psutil.Process]:

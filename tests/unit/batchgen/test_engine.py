@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from batchgen.engine import CPU_BLOCK_SIZE, engine_args, engine_in_process
+from batchgen.engine import CPU_BLOCK_SIZE, engine_args, engine_identity, engine_in_process, front_end_in_process
 from batchgen.job import EngineSpec
 from batchgen.models import ModelRef
 
@@ -23,6 +23,23 @@ from batchgen.models import ModelRef
 ])
 def test_engine_in_process_follows_the_job_then_the_environment_then_the_platform(spec, cpu, environ, expected):
     assert engine_in_process(EngineSpec(**spec), cpu, environ) is expected
+
+
+@pytest.mark.parametrize(("spec", "cpu", "expected"), [
+    ({}, False, False),  # GPUs: vLLM's front end in a process of its own, beside the pipeline's
+    ({}, True, True),  # CPU builds: the engine needs every core
+    ({"front_end_process": True}, True, False),  # the job decides
+    ({"front_end_process": False}, False, True),
+])
+def test_front_end_runs_apart_on_gpus_unless_the_job_says(spec, cpu, expected):
+    assert front_end_in_process(EngineSpec(**spec), cpu) is expected
+
+
+def test_where_the_front_end_runs_is_no_part_of_request_keys(tmp_path):
+    """Results generated with the front end in the run's process are reused with it apart, and the other way."""
+    model = ModelRef(name="m", path=str(tmp_path))
+    here, apart = (engine_args(EngineSpec(front_end_process=flag), model, cpu=False) for flag in (False, True))
+    assert engine_identity(here) == engine_identity(apart) and "front_end_process" not in apart
 
 
 def test_engine_args_are_vllm_keyword_arguments_only(tmp_path):

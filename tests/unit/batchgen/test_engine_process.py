@@ -1,0 +1,137 @@
+"""The engine's front end in a process of its own: a real child process and socket, a stand-in engine in it
+(tests.engines.ProcessStandInLLM). The real engine behind it: tests/e2e/test_crash_recovery.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from types import SimpleNamespace
+
+import pytest
+
+from batchgen.engine_process import Logprob, ProcessEngine, plain_output
+from batchgen.generation import top_logprobs
+from batchgen.models import ModelRef
+from batchgen.stream import StreamError
+from tests.conftest import ROOT
+from tests.engines import aborted_requests, fail, process_id
+
+FACTORY = "tests.engines:ProcessStandInLLM"
+MODEL = ModelRef(name="stand-in", path="/stand-in")
+
+
+def start(**kwargs) -> ProcessEngine:
+    return ProcessEngine(MODEL, {}, kwargs, factory=FACTORY)
+
+
+def prompts(first: int, count: int) -> list[dict]:
+    return [{"prompt_token_ids": [first + i, 1, 2]} for i in range(count)]
+
+
+@pytest.fixture
+def engine():
+    started = start(per_step=3, seconds=0.01)
+    yield started
+    started.close()
+
+
+def test_each_submitter_gets_its_own_outputs_from_the_engine_process(engine):
+    assert engine.max_model_len == 2048 and engine.dtype == "float32"
+    got: dict[str, list[str]] = {}
+
+    def submit(name: str, first: int, count: int) -> None:
+        submission = engine.stream.submit(prompts(first, count), [None] * count)
+        got[name] = [o.outputs[0].text for _, o in sorted((p for b in submission.batches(4, 0.05) for p in b),
+                                                         key=lambda pair: pair[0])]
+        assert submission.first_added_at <= submission.last_output_at <= time.perf_counter()
+
+    threads = [threading.Thread(target=submit, args=("a", 100, 10)), threading.Thread(target=submit, args=("b", 200, 7))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert got == {"a": [f"out {100 + i}" for i in range(10)], "b": [f"out {200 + i}" for i in range(7)]}
+    assert engine.stream.submit([], []).total == 0  # nothing to send: done at once
+
+
+def test_calls_run_in_the_engine_process_and_their_errors_come_back(engine):
+    assert engine.run(process_id) == engine.process.pid != os.getpid()
+    with pytest.raises(ValueError, match="boom"):
+        engine.run(fail, "boom")
+    with pytest.raises(AttributeError, match="front_end_process"):
+        engine.llm  # noqa: B018
+
+
+def test_cancel_takes_the_rest_out_of_the_engine(engine):
+    slow = start(per_step=1, seconds=0.2)
+    try:
+        submission = slow.stream.submit(prompts(0, 20), [None] * 20)
+        first = next(iter(submission))
+        submission.cancel()
+        aborted = slow.run(aborted_requests)  # runs once the engine is idle: after the abort
+        assert first[1].outputs[0].text == f"out {first[0]}"
+        assert len(aborted) >= 15
+    finally:
+        slow.close()
+
+
+def test_a_dead_engine_process_reaches_every_waiting_submitter():
+    engine = start(per_step=1, seconds=0.2)
+    submission = engine.stream.submit(prompts(0, 50), [None] * 50)
+    os.kill(engine.process.pid, signal.SIGKILL)
+    with pytest.raises(StreamError, match="engine process exited"):
+        list(submission)
+    assert not engine.stream.alive
+    with pytest.raises(StreamError, match="engine process exited"):
+        engine.stream.submit(prompts(0, 1), [None])
+    engine.close()  # nothing left to stop: returns at once
+    assert engine.process.returncode == -signal.SIGKILL
+
+
+def test_close_stops_the_engine_process():
+    engine = start()
+    started = time.monotonic()
+    engine.close()
+    assert engine.process.returncode == 0 and time.monotonic() - started < 10
+
+
+def test_the_engine_process_exits_when_the_run_is_gone():
+    """The run's process died (its end of the socket closed, no stop said): the engine process stops itself."""
+    parent, child = socket.socketpair()
+    process = subprocess.Popen([sys.executable, "-m", "batchgen.engine_process", str(child.fileno())],
+                               pass_fds=(child.fileno(),), cwd=ROOT)
+    child.close()
+    conn = Connection(parent.detach())
+    conn.send(("start", FACTORY, {}))
+    assert conn.recv()[0] == "ready"
+    conn.close()
+    assert process.wait(timeout=30) == 0
+
+
+def test_an_engine_that_cannot_start_says_why():
+    with pytest.raises(RuntimeError, match="could not start: ValueError: no such model"):
+        start(fail=True)
+
+
+def test_outputs_cross_as_plain_tuples_with_what_batchgen_reads():
+    logprob = SimpleNamespace(logprob=-0.25, rank=1, decoded_token="Hi")
+    output = SimpleNamespace(
+        request_id=7, prompt_logprobs=[None, {3: logprob}],
+        outputs=[SimpleNamespace(index=1, text="Hi", token_ids=(5, 6), cumulative_logprob=-1.5, finish_reason="stop",
+                                 stop_reason="\n\n", logprobs=[{5: logprob, 9: SimpleNamespace(
+                                     logprob=-3.0, rank=2, decoded_token="x")}])])
+    plain = plain_output(output)
+    assert plain.request_id == "7" and plain.finished
+    [completion] = plain.outputs
+    assert (completion.index, completion.text, completion.token_ids, completion.cumulative_logprob,
+            completion.finish_reason, completion.stop_reason) == (1, "Hi", [5, 6], -1.5, "stop", "\n\n")
+    assert completion.logprobs[0][5] == Logprob(-0.25, 1, "Hi")
+    # the published logprob rows are the same from the plain tuples as from vLLM's objects
+    assert top_logprobs(completion.logprobs) == top_logprobs(output.outputs[0].logprobs)
+    assert top_logprobs(plain.prompt_logprobs) == top_logprobs(output.prompt_logprobs)
