@@ -16,7 +16,8 @@ process is gone), stopping vLLM before it exits:
     add SUB PROMPTS PARAMS LORAS   -> out SUB [(index, Output), ...] FIRST_ADDED LAST_OUTPUT, as requests finish
                                       (or failed SUB TEXT when the engine dies)
     cancel SUB
-    call ID FN ARGS                -> result ID OK VALUE: FN(llm, *ARGS) on the stream's thread once it is idle
+    call ID (MODULE, NAME, ARGS)   -> result ID OK VALUE: MODULE.NAME(llm, *ARGS) on the stream's thread once it
+                                      is idle (pickled on its own, so that what does not unpickle fails the call)
     stop
 
 Times are `time.perf_counter()` values, which are the same clock in both processes (CLOCK_MONOTONIC on Linux).
@@ -28,6 +29,7 @@ import importlib
 import itertools
 import logging
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -149,11 +151,23 @@ class RemoteStream:
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(llm, *args) in the engine process, once its engine is idle; fn must be importable (module level)."""
+        # fn travels by name; a function of the program run with `python -m NAME` is NAME's there
+        module = fn.__module__
+        if module == "__main__":
+            spec = getattr(sys.modules["__main__"], "__spec__", None)
+            if spec is None:
+                raise TypeError(f"{fn.__qualname__} is defined in a script run by its path: the engine process "
+                                "cannot import it; define it in an importable module")
+            module = spec.name
+        if "<locals>" in fn.__qualname__ or "<lambda>" in fn.__qualname__:
+            raise TypeError(f"{fn.__qualname__} is not importable: the engine process runs only functions defined "
+                            "at a module's top level")
+        payload = pickle.dumps((module, fn.__qualname__, args))  # unpickled by the call: its errors are its own
         number = next(self._numbers)
         waiting = [threading.Event(), False, None]
         with self._lock:
             self._calls[number] = waiting
-        self._send(("call", number, fn, args))
+        self._send(("call", number, payload))
         waiting[0].wait()
         if not waiting[1]:
             raise waiting[2] if isinstance(waiting[2], BaseException) else StreamError(str(waiting[2]))
@@ -343,8 +357,12 @@ class _Server:
         finally:
             self.submissions.pop(number, None)
 
-    def call(self, number: int, fn: Callable[..., Any], args: tuple) -> None:
+    def call(self, number: int, payload: bytes) -> None:
         try:
+            module, name, args = pickle.loads(payload)
+            fn: Any = importlib.import_module(module)
+            for part in name.split("."):
+                fn = getattr(fn, part)
             result = (True, self.stream.call(lambda: fn(self.llm, *args)))
         except BaseException as exc:  # noqa: BLE001  (handed to the caller)
             result = (False, exc)

@@ -66,6 +66,9 @@ def test_calls_run_in_the_engine_process_and_their_errors_come_back(engine):
         engine.run(fail, "boom")
     with pytest.raises(AttributeError, match="front_end_process"):
         engine.llm  # noqa: B018
+    with pytest.raises(TypeError, match="not importable"):  # a function the engine process could not import
+        engine.run(lambda llm: 1)
+    assert engine.run(process_id) == engine.process.pid  # the engine process goes on
 
 
 def test_cancel_takes_the_rest_out_of_the_engine(engine):
