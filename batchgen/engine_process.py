@@ -114,6 +114,8 @@ class _RemoteSubmission(Submission):
 
     def cancel(self) -> None:
         if self.received < self.total and self.stream.alive:
+            with self.stream._lock:
+                self.stream._submissions.pop(self.number, None)  # its stragglers are dropped
             try:
                 self.stream._send(("cancel", self.number))
             except StreamError:
@@ -340,6 +342,7 @@ class _Server:
                 submission = self.submissions.get(message[1])
                 if submission is not None:
                     submission.cancel()
+                    submission._outputs.put(StreamError("cancelled"))  # its forwarder stops waiting
             elif kind == "call":
                 threading.Thread(target=self.call, args=message[1:], daemon=True, name="batchgen-call").start()
             elif kind == "stop":
@@ -390,9 +393,11 @@ def main(fd: int) -> int:
         conn.send(("failed", _describe(exc)))
         return 1
     server = _Server(conn, llm)
-    conn.send(("ready", facts))
     try:
+        conn.send(("ready", facts))
         server.serve()
+    except (OSError, ValueError):  # the run's process went away while the engine started
+        pass
     finally:
         server.stream.close()
         try:

@@ -99,3 +99,10 @@ def aborted_requests(llm: Any) -> list[str]:
 def fail(llm: Any, message: str) -> None:
     """For Engine.run: a call that raises."""
     raise ValueError(message)
+
+
+def thread_names(llm: Any) -> list[str]:
+    """For Engine.run: the names of the threads alive in the engine's process."""
+    import threading
+
+    return [thread.name for thread in threading.enumerate()]

@@ -20,7 +20,7 @@ from batchgen.generation import top_logprobs
 from batchgen.models import ModelRef
 from batchgen.stream import StreamError
 from tests.conftest import ROOT
-from tests.engines import aborted_requests, fail, process_id
+from tests.engines import aborted_requests, fail, process_id, thread_names
 
 FACTORY = "tests.engines:ProcessStandInLLM"
 MODEL = ModelRef(name="stand-in", path="/stand-in")
@@ -80,6 +80,7 @@ def test_cancel_takes_the_rest_out_of_the_engine(engine):
         aborted = slow.run(aborted_requests)  # runs once the engine is idle: after the abort
         assert first[1].outputs[0].text == f"out {first[0]}"
         assert len(aborted) >= 15
+        assert not [name for name in slow.run(thread_names) if name.startswith("batchgen-forward")]
     finally:
         slow.close()
 
