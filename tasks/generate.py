@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from prefect import task
@@ -45,7 +46,10 @@ class Progress:
 
     def __init__(self, job: JobSpec, label: str, total: int, every: float = 30.0, artifact_every: float = 2.0):
         self.label, self.total, self.every, self.artifact_every = label, total, every, artifact_every
-        self.artifact = create_progress_artifact(progress=0.0, description=f"{job.name}: {label}, requests done (%)")
+        # the artifact is made at the first update, once the requests are in the engine: its API call is not
+        # paid before the engine gets them
+        self.description = f"{job.name}: {label}, requests done (%)"
+        self.artifact: Any = None
         self.started = time.monotonic()
         self.logged = self.posted = self.started
         self.job = for_run(run_key(job))
@@ -57,7 +61,10 @@ class Progress:
         now = time.monotonic()
         if self.job is not None:
             self.job.committed(self.window, final, new_tokens)
-        if now - self.posted >= self.artifact_every:  # one API call per update: throttled, not per commit
+        if self.artifact is None:
+            self.artifact = create_progress_artifact(progress=100.0 * finished / max(self.total, 1),
+                                                     description=self.description)
+        elif now - self.posted >= self.artifact_every:  # one API call per update: throttled, not per commit
             self.posted = now
             update_progress_artifact(self.artifact, progress=100.0 * finished / max(self.total, 1))
         if now - self.logged >= self.every or finished == self.total:
@@ -72,7 +79,10 @@ class Progress:
             self.job.generating()
 
     def close(self) -> None:
-        update_progress_artifact(self.artifact, progress=100.0)
+        if self.artifact is None:
+            self.artifact = create_progress_artifact(progress=100.0, description=self.description)
+        else:
+            update_progress_artifact(self.artifact, progress=100.0)
 
 
 # The task works through a process-wide engine, not its inputs: caching by inputs would be

@@ -87,6 +87,9 @@ def test_flow_retries_cut_off_items_and_publishes_each_item_once(tmp_path, prefe
     assert run.state.is_completed()
     summaries = [a for a in artifacts if a.key == "test-products-summary" and a.flow_run_id == run.id]
     assert summaries and "| accepted | 20 (100.0%) |" in summaries[0].data
+    # each generate task's progress, made once its requests were in the engine, ends done
+    progress = [a for a in artifacts if a.type == "progress" and a.flow_run_id == run.id]
+    assert len(progress) == 2 and all(float(a.data) == 100.0 for a in progress)  # the first pass and the retry
     # ... with the run report's figures; the report and Data Docs are part of the publication.
     assert "| attempt | length | stop |\n| --- | --- | --- |\n| 1 | 20 | 0 |\n| 2 | 0 | 20 |" in summaries[0].data
     assert "| retry 1 | truncated | 20 | 0 | 100.0% |" in summaries[0].data
