@@ -118,24 +118,23 @@ def request_keys(requests: list[GenRequest], sampling: dict[str, Any], model_ide
     return keys
 
 
-def _row_value(row: Any, name: str) -> Any:
-    value = getattr(row, name, None)
-    return None if value is None or pd.isna(value) else value
+def _optional(prompts: pd.DataFrame, name: str) -> list[Any]:
+    """A column's values with missing ones as None; all None when the column is absent."""
+    if name not in prompts:
+        return [None] * len(prompts)
+    return [None if value is None or pd.isna(value) else value for value in prompts[name].tolist()]
 
 
 def first_pass_requests(prompts: pd.DataFrame, sampling: SamplingSpec) -> list[GenRequest]:
-    """One request per prompt for all its candidates; a row's own max_tokens / temperature (overrides) wins."""
-    requests = []
-    for row in prompts.itertuples(index=False):
-        budget = _row_value(row, "max_tokens")
-        temperature = _row_value(row, "temperature")
-        lora = _row_value(row, "lora")
-        requests.append(GenRequest(
-            item_id=row.item_id, prompt=row.prompt, prompt_token_ids=list(row.prompt_token_ids),
-            max_tokens=sampling.max_tokens if budget is None else int(budget), n=sampling.candidates,
-            temperature=None if temperature is None else float(temperature),
-            lora=None if lora is None else str(lora)))
-    return requests
+    """One request per prompt for all its candidates; a row's own max_tokens / temperature (overrides) wins.
+    Built from whole columns: this runs for every item, on the path to the engine."""
+    return [GenRequest(item_id=item_id, prompt=prompt, prompt_token_ids=list(token_ids),
+                       max_tokens=sampling.max_tokens if budget is None else int(budget), n=sampling.candidates,
+                       temperature=None if temperature is None else float(temperature),
+                       lora=None if lora is None else str(lora))
+            for item_id, prompt, token_ids, budget, temperature, lora in zip(
+                prompts["item_id"].tolist(), prompts["prompt"].tolist(), prompts["prompt_token_ids"].tolist(),
+                _optional(prompts, "max_tokens"), _optional(prompts, "temperature"), _optional(prompts, "lora"))]
 
 
 def output_rows(request: GenRequest, output: Any, key: str, seconds: float,
