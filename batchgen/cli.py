@@ -141,7 +141,11 @@ def run(
     spec = _load(job, limit, set_)
     # Before a Prefect server and an engine are started for nothing, and before the flow's
     # retry would repeat a failure that no retry can mend: the same checks as `check`.
-    _preflight(spec)
+    checked = _preflight(spec)
+    # The job holds up: the engine starts now (in the background), while Prefect's server and the flow start.
+    from tasks.generate import start_engine_early
+
+    start_engine_early(spec, checked.loaded, say=False)
     with _user_errors(run_failed=""):
         manifest = _batch_flow(retries)(spec)
     counts = manifest.counts

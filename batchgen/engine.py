@@ -239,10 +239,15 @@ def loaded_engine(spec: EngineSpec) -> Any:
         return _ENGINES.get(_key(spec))
 
 
-def start_in_background(spec: EngineSpec, build_engine: Any = None) -> threading.Thread:
+_STARTING: dict[tuple, threading.Thread] = {}
+_START_LOCK = threading.Lock()
+
+
+def start_in_background(spec: EngineSpec, build_engine: Any = None) -> threading.Thread | None:
     """Build the process's engine in a thread of its own, so that its start (tens of seconds, minutes for a
     large model) overlaps loading and prompt building; the first get_engine waits for it. A failure is left
-    for that get_engine to raise again, where the task that needs the engine reports it."""
+    for that get_engine to raise again, where the task that needs the engine reports it. Returns the starting
+    thread; None, and nothing started, when the engine is there or already starting."""
 
     def build() -> None:
         try:
@@ -250,8 +255,14 @@ def start_in_background(spec: EngineSpec, build_engine: Any = None) -> threading
         except Exception:
             log.debug("engine start in the background failed; the generate task will try again", exc_info=True)
 
-    thread = threading.Thread(target=build, name="batchgen-engine-start", daemon=True)
-    thread.start()
+    key = _key(spec)
+    with _START_LOCK:
+        running = _STARTING.get(key)
+        if key in _ENGINES or (running is not None and running.is_alive()):
+            return None
+        thread = threading.Thread(target=build, name="batchgen-engine-start", daemon=True)
+        _STARTING[key] = thread
+        thread.start()
     return thread
 
 

@@ -32,12 +32,13 @@ def store_for(job: JobSpec) -> ResultStore:
     return ResultStore(Path(job.output.dir) / ".batchgen" / "results")
 
 
-def start_engine_early(job: JobSpec, loaded: LoadedItems) -> None:
+def start_engine_early(job: JobSpec, loaded: LoadedItems, say: bool = True) -> None:
     """When this output has nothing generated yet, the engine will be needed: start it in the background now, so
-    its start overlaps the first window's prompts (a rerun builds it only once a request turns out to be new)."""
+    its start overlaps the first window's prompts (a rerun builds it only once a request turns out to be new).
+    `say`: print that it starts (in a flow, a log line; the CLI keeps its stdout for the results)."""
     if len(loaded.items) and not store_for(job).has_commits():
-        print("engine: starting while the first prompts are built")
-        start_in_background(job.engine, lambda spec: get_engine(spec))
+        if start_in_background(job.engine, lambda spec: get_engine(spec)) is not None and say:
+            print("engine: starting while the first prompts are built")
 
 
 class Progress:

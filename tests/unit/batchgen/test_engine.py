@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from batchgen.engine import CPU_BLOCK_SIZE, engine_args, engine_identity, engine_in_process, front_end_in_process
+from batchgen.engine import (CPU_BLOCK_SIZE, engine_args, engine_identity, engine_in_process, front_end_in_process,
+                             start_in_background)
 from batchgen.job import EngineSpec
 from batchgen.models import ModelRef
 
@@ -55,3 +56,21 @@ def test_engine_args_are_vllm_keyword_arguments_only(tmp_path):
 
     fields = {field.name for field in dataclasses.fields(EngineArgs)}
     assert set(cpu) - fields == set() and set(gpu) - fields == set()
+
+
+def test_an_engine_starting_in_the_background_is_not_started_twice():
+    """`batchgen run` starts the engine once the job's checks pass; the flow asks again: one start."""
+    import threading
+
+    release, built = threading.Event(), []
+
+    def build(spec):
+        release.wait(10)
+        built.append(spec)
+
+    spec = EngineSpec(model="/nowhere/start-once")
+    first = start_in_background(spec, build)
+    assert first is not None and start_in_background(spec, build) is None  # already starting
+    release.set()
+    first.join(10)
+    assert len(built) == 1
