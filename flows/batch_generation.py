@@ -32,7 +32,7 @@ from tasks.check import check_job_task
 from tasks.generate import generate_task, start_engine_early
 from tasks.load import load_items_task
 from tasks.prompts import build_prompts_task
-from tasks.publish import open_publication, publish_task, stage_window_task
+from tasks.publish import open_publication, preload_publish, publish_task, stage_window_task
 from tasks.retry import plan_retry_task
 from tasks.validate import validate_task
 
@@ -74,7 +74,7 @@ def batch_generation(
     started_at = datetime.now(timezone.utc)
     spec = resolve_job(job, limit, max_tokens, output_dir, overrides, temperature)
     check_job_task(spec)  # a job mistake stops here, before the engine starts
-    with open_publication(spec) as publication:  # discarded unless the run publishes it
+    with open_publication(spec, preload=False) as publication:  # discarded unless the run publishes it
         loaded = load_items_task(spec)
         start_engine_early(spec, loaded)
         with job_progress(spec, loaded):
@@ -111,6 +111,8 @@ def run_window(spec: JobSpec, window: Window, publication: Any, turns: PromptTur
         prompts = build_prompts_task(spec, window)
     # quote(): Prefect would otherwise walk every request and token id to track task inputs (seconds per window).
     generated = [generate_task(spec, quote(first_pass_requests(prompts.built.prompts, spec.sampling)), window.label)]
+    if window.index == 1:
+        preload_publish()  # the engine has had its first requests: the report gets ready meanwhile
     validated = [validate_task(spec, generated[0].rows, window.keywords(spec), window.label)]
     for pass_number in range(1, spec.retry.max_passes + 1):
         label = f"{window.label}-retry{pass_number}"
