@@ -78,34 +78,35 @@ def batch_generation(
         loaded = load_items_task(spec)
         start_engine_early(spec, loaded)
         with job_progress(spec, loaded):
-            windows = split_windows(spec, loaded)
-            turns = PromptTurns(len(windows))
-            in_parallel(lambda window: run_window(spec, window, publication, turns), windows,
+            turns = FirstPromptsFirst()
+            in_parallel(lambda window: run_window(spec, window, publication, turns), split_windows(spec, loaded),
                         workers=windows_in_flight(spec))
         return publish_task(spec, publication, started_at)
 
 
-class PromptTurns:
-    """Windows in flight build their prompts one at a time, in window order. Prompt building holds the
-    interpreter (templates, token lists): three windows building at once would each take three times as long,
-    and the first window's requests, which start the engine, would wait for the later windows' prompts."""
+class FirstPromptsFirst:
+    """The first window builds its prompts alone: the windows in flight wait for it before building theirs.
+    Prompt building holds the interpreter (templates, token lists): beside two other windows' prompts, the first
+    window's would take about three times as long, and its requests are the ones that start the engine. Later
+    windows build theirs side by side, as the engine works."""
 
-    def __init__(self, windows: int):
-        self._built = [threading.Event() for _ in range(windows + 1)]
-        self._built[0].set()
+    def __init__(self) -> None:
+        self._first_built = threading.Event()
 
     @contextmanager
     def turn(self, index: int) -> Iterator[None]:
-        """Window `index` (from 1) builds its prompts inside this block, once window index - 1 has built its own;
-        the next window's turn comes when this block ends, whether it built them or failed."""
-        self._built[index - 1].wait()
+        """Window `index` (from 1) builds its prompts inside this block: the first at once, the others once the
+        first's block has ended, whether it built them or failed."""
+        if index > 1:
+            self._first_built.wait()
         try:
             yield
         finally:
-            self._built[index].set()
+            if index == 1:
+                self._first_built.set()
 
 
-def run_window(spec: JobSpec, window: Window, publication: Any, turns: PromptTurns | None = None) -> None:
+def run_window(spec: JobSpec, window: Window, publication: Any, turns: FirstPromptsFirst | None = None) -> None:
     """Prompts, the first pass, validation and retry passes of one window of items, staged into the publication."""
     with turns.turn(window.index) if turns is not None else nullcontext():
         prompts = build_prompts_task(spec, window)

@@ -44,12 +44,14 @@ class ChartWorker:
     @classmethod
     def start(cls) -> ChartWorker:
         """Start the child; it imports matplotlib and batchgen's report modules at once, then waits."""
-        root = str(Path(__file__).resolve().parents[2])  # the folder batchgen is imported from, for the child too
-        env = {**os.environ, "MPLBACKEND": "Agg",
-               "PYTHONPATH": os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+        root = Path(__file__).resolve().parents[2]  # the folder this batchgen is imported from
+        # `-m` puts the child's working folder first on its path: a checkout's root, so it imports this batchgen;
+        # an installed batchgen is found by the child as it is (a site-packages folder first would shadow the
+        # standard library with what is installed there).
+        cwd = None if root.name in ("site-packages", "dist-packages") else root
         process = subprocess.Popen([sys.executable, "-m", "batchgen.report.worker"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=root,
-                                   close_fds=True)
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                   env={**os.environ, "MPLBACKEND": "Agg"}, cwd=cwd, close_fds=True)
         return cls(process)
 
     def _read(self) -> None:

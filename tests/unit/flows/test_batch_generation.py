@@ -1,5 +1,5 @@
-"""The batch flow's windows (flows.batch_generation): how a run's items are cut into windows, and the order in which
-windows in flight build their prompts."""
+"""The batch flow's windows (flows.batch_generation): how a run's items are cut into windows, and the first window
+building its prompts before the others."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from flows.batch_generation import RAMP, PromptTurns, item_windows
+from flows.batch_generation import RAMP, FirstPromptsFirst, item_windows
 
 
 def widths(bounds: list[tuple[int, int]]) -> list[int]:
@@ -62,23 +62,28 @@ def run_in_threads(work, indexes):
     assert not any(thread.is_alive() for thread in threads)
 
 
-def test_windows_build_their_prompts_one_at_a_time_in_window_order():
-    turns, events, lock = PromptTurns(4), [], threading.Lock()
+def test_the_first_window_builds_its_prompts_before_any_other_window_starts_on_its_own():
+    turns, events, lock = FirstPromptsFirst(), [], threading.Lock()
+    both_inside = threading.Barrier(2, timeout=10)
 
     def window(index: int) -> None:
         with turns.turn(index):
             with lock:
                 events.append(("start", index))
-            time.sleep(0.02)
+            if index == 1:
+                time.sleep(0.05)
+            else:
+                both_inside.wait()  # windows 2 and 3 build theirs side by side
             with lock:
                 events.append(("end", index))
 
-    run_in_threads(window, [3, 4, 1, 2])  # started in any order
-    assert events == [(step, index) for index in (1, 2, 3, 4) for step in ("start", "end")]
+    run_in_threads(window, [3, 2, 1])  # started in any order
+    assert events[:2] == [("start", 1), ("end", 1)]
+    assert sorted(events[2:]) == [("end", 2), ("end", 3), ("start", 2), ("start", 3)]
 
 
-def test_a_window_whose_prompts_fail_still_hands_the_turn_on():
-    turns, built = PromptTurns(2), []
+def test_a_first_window_whose_prompts_fail_still_lets_the_others_go_on():
+    turns, built = FirstPromptsFirst(), []
 
     def window(index: int) -> None:
         try:
