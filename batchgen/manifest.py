@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import platform
-from pathlib import Path
+import threading
 from collections import Counter
+from concurrent.futures import Future
 from datetime import datetime, timezone
 from importlib import metadata
+from pathlib import Path
 
 import pandas as pd
 
@@ -64,6 +66,29 @@ def tally(accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.DataFrame
     )
 
 
+_code: Future | None = None
+_code_lock = threading.Lock()
+
+
+def code_provenance() -> Future:
+    """The git state of batchgen's own checkout (`provenance.git_provenance`: three git commands), looked up once
+    per process, in a background thread started by the first call: a process runs the code it imported when it
+    started, and the lookup is off the publish step (the flow asks for it when it opens its publication)."""
+    global _code
+    with _code_lock:
+        if _code is None:
+            _code = Future()
+
+            def look_up(answer: Future = _code) -> None:
+                try:
+                    answer.set_result(provenance.git_provenance(Path(__file__).resolve().parent))
+                except BaseException as exc:  # noqa: BLE001  (raised where the manifest is built)
+                    answer.set_exception(exc)
+
+            threading.Thread(target=look_up, name="batchgen-code-provenance", daemon=True).start()
+        return _code
+
+
 def build_manifest(job: JobSpec, totals: RunTotals, timings: dict[str, float], started_at: datetime,
                    flow_run_id: str | None, flow_name: str | None = None) -> Manifest:
     """The manifest of a run, from the sum of its windows' totals (before the publication adds its files)."""
@@ -99,5 +124,5 @@ def build_manifest(job: JobSpec, totals: RunTotals, timings: dict[str, float], s
         input=job.input.model_dump(mode="json"),
         versions={**versions, "python": platform.python_version(), "cuda": device.pop("cuda", None)},
         machine=device,
-        code=provenance.git_provenance(Path(__file__).resolve().parent),
+        code=code_provenance().result(),
     )

@@ -33,6 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -302,8 +303,18 @@ class Publication:
         dataset card, then the manifest with every file's rows and SHA-256: last, so its presence means done.
         Returns the manifest as written."""
         files: dict[str, dict[str, Any]] = {}
-        for name, (schema, pieces) in (tables if tables is not None else self._parts()).items():
-            files.update(_write_table(pieces, schema, self.staging, name, self.jsonl))
+        streams = tables if tables is not None else self._parts()
+
+        def write(name: str) -> dict[str, Any]:
+            schema, pieces = streams[name]
+            return _write_table(pieces, schema, self.staging, name, self.jsonl)
+
+        # The windows' parts are joined one table per thread (Arrow reads, writes and hashes without holding the
+        # interpreter); a merge's tables stream a row group at a time, one table after the other, to bound memory.
+        with ThreadPoolExecutor(max_workers=len(streams) if tables is None else 1,
+                                thread_name_prefix="batchgen-seal") as pool:
+            for written in pool.map(write, list(streams)):
+                files.update(written)
         shutil.rmtree(self.staging / PARTS, ignore_errors=True)
         write_text(json.dumps(validation, ensure_ascii=False, indent=1, default=str), self.staging / VALIDATION,
                    sync=False)  # commit() syncs every file of the publication before the switch

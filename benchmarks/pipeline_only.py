@@ -130,8 +130,9 @@ class WindowProfiles:
         return written
 
 
-def measure(n: int, max_tokens: int, profile_dir: Path | None = None) -> dict[str, Any]:
-    """One size, in this process: a warm-up run of 8 items, then the measured run of n items."""
+def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight: int | None = None) -> dict[str, Any]:
+    """One size, in this process: a warm-up run of 8 items, then the measured run of n items; `in_flight`: the
+    jobs' windows_in_flight (default: the flow's own, 1 on CPU builds; 3 is what a GPU runs with)."""
     from benchmarks import run as bench
 
     bench.set_environment()
@@ -148,9 +149,10 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None) -> dict[st
     work = Path(tempfile.mkdtemp(prefix="batchgen-pipeline-only-"))
     try:
         products = bench.write_products(work / "products.csv", n)  # before the clock: input, not pipeline work
-        job = bench.bench_job(products, work / "out", max_tokens)
+        job = bench.bench_job(products, work / "out", max_tokens).model_copy(update={"windows_in_flight": in_flight})
         with prefect_test_harness(server_startup_timeout=120):
             warm = bench.bench_job(bench.write_products(work / "warm.csv", 8), work / "out-warm", max_tokens)
+            warm = warm.model_copy(update={"windows_in_flight": in_flight})
             batch_generation(warm)
             llm.reset_counts()
             rss_after_warm_up = psutil.Process().memory_info().rss
@@ -185,6 +187,7 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None) -> dict[st
         "rejected": counts["rejected"],
         "published": published,
         "window_size": job.window_size,
+        "windows_in_flight": in_flight,
         "engine": {"stream": getattr(engine, "stream", None) is not None, "calls": llm.calls,
                    "generate_calls": llm.generate_calls, "requests_added": llm.llm_engine.added,
                    "steps": llm.llm_engine.steps},
@@ -200,7 +203,8 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None) -> dict[st
     return figures
 
 
-def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None) -> dict[str, Any]:
+def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None,
+              in_flight: int | None = None) -> dict[str, Any]:
     """Each size in a fresh process (peaks are per process); the section's figures."""
     from benchmarks import run as bench
 
@@ -212,6 +216,8 @@ def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None
         argv = [sys.executable, "-m", "benchmarks.pipeline_only", "--one", str(n), "--max-tokens", str(max_tokens)]
         if profile_dir is not None:
             argv += ["--profile", str(profile_dir)]
+        if in_flight is not None:
+            argv += ["--windows-in-flight", str(in_flight)]
         bench.log(f"pipeline only: the flow on {n} items, engine stood in")
         done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
         if done.returncode:
@@ -259,15 +265,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write DIR/latest.json and latest.md")
     parser.add_argument("--add-to", type=Path, help="add the figures to a benchmark run's DIR/latest.json and .md")
     parser.add_argument("--profile", type=Path, help="profile each measured run with pyinstrument into DIR")
+    parser.add_argument("--windows-in-flight", type=int, help="windows worked on at once (default: the flow's own; "
+                        "a GPU runs 3)")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: measure one size, print one line
     args = parser.parse_args(argv)
     if args.one is not None:
-        print(json.dumps(measure(args.one, args.max_tokens, args.profile)), flush=True)
+        print(json.dumps(measure(args.one, args.max_tokens, args.profile, args.windows_in_flight)), flush=True)
         return 0
     sizes = sorted(set(args.sizes)) or DEFAULT_SIZES
     if any(n < 1 for n in sizes) or args.max_tokens < 1:
         parser.error("sizes and --max-tokens must be positive")
-    result = run_sizes(sizes, args.max_tokens, args.profile)
+    result = run_sizes(sizes, args.max_tokens, args.profile, args.windows_in_flight)
     if args.out is not None:
         write_page(result, args.out)
     if args.add_to is not None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import batchgen  # noqa: F401  (first: sets process defaults before Prefect reads its settings)
 
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from contextvars import copy_context
 from datetime import datetime, timezone
 from typing import Annotated, Any
@@ -30,7 +32,7 @@ from tasks.check import check_job_task
 from tasks.generate import generate_task, start_engine_early
 from tasks.load import load_items_task
 from tasks.prompts import build_prompts_task
-from tasks.publish import open_publication, publish_task, stage_window_task
+from tasks.publish import open_publication, preload_publish, publish_task, stage_window_task
 from tasks.retry import plan_retry_task
 from tasks.validate import validate_task
 
@@ -72,20 +74,46 @@ def batch_generation(
     started_at = datetime.now(timezone.utc)
     spec = resolve_job(job, limit, max_tokens, output_dir, overrides, temperature)
     check_job_task(spec)  # a job mistake stops here, before the engine starts
-    with open_publication(spec) as publication:  # discarded unless the run publishes it
+    with open_publication(spec, preload=False) as publication:  # discarded unless the run publishes it
         loaded = load_items_task(spec)
         start_engine_early(spec, loaded)
         with job_progress(spec, loaded):
-            in_parallel(lambda window: run_window(spec, window, publication), split_windows(spec, loaded),
+            turns = FirstPromptsFirst()
+            in_parallel(lambda window: run_window(spec, window, publication, turns), split_windows(spec, loaded),
                         workers=windows_in_flight(spec))
         return publish_task(spec, publication, started_at)
 
 
-def run_window(spec: JobSpec, window: Window, publication: Any) -> None:
+class FirstPromptsFirst:
+    """The first window builds its prompts alone: the windows in flight wait for it before building theirs.
+    Prompt building holds the interpreter (templates, token lists): beside two other windows' prompts, the first
+    window's would take about three times as long, and its requests are the ones that start the engine. Later
+    windows build theirs side by side, as the engine works."""
+
+    def __init__(self) -> None:
+        self._first_built = threading.Event()
+
+    @contextmanager
+    def turn(self, index: int) -> Iterator[None]:
+        """Window `index` (from 1) builds its prompts inside this block: the first at once, the others once the
+        first's block has ended, whether it built them or failed."""
+        if index > 1:
+            self._first_built.wait()
+        try:
+            yield
+        finally:
+            if index == 1:
+                self._first_built.set()
+
+
+def run_window(spec: JobSpec, window: Window, publication: Any, turns: FirstPromptsFirst | None = None) -> None:
     """Prompts, the first pass, validation and retry passes of one window of items, staged into the publication."""
-    prompts = build_prompts_task(spec, window)
+    with turns.turn(window.index) if turns is not None else nullcontext():
+        prompts = build_prompts_task(spec, window)
     # quote(): Prefect would otherwise walk every request and token id to track task inputs (seconds per window).
     generated = [generate_task(spec, quote(first_pass_requests(prompts.built.prompts, spec.sampling)), window.label)]
+    if window.index == 1:
+        preload_publish()  # the engine has had its first requests: the report gets ready meanwhile
     validated = [validate_task(spec, generated[0].rows, window.keywords(spec), window.label)]
     for pass_number in range(1, spec.retry.max_passes + 1):
         label = f"{window.label}-retry{pass_number}"
@@ -116,20 +144,38 @@ def split_windows(spec: JobSpec, loaded: LoadedItems) -> list[Window]:
             for number, (start, stop) in enumerate(bounds, start=1)]
 
 
-RAMP = 256  # the first window's size when windows overlap: the engine gets its first requests early
+RAMP = 256  # the first and last windows' size when windows overlap (see item_windows)
 
 
 def item_windows(count: int, size: int, ramp: bool = False) -> list[tuple[int, int]]:
     """[start, stop) ranges of at most `size` items; one empty window when there are no items (rejections only).
 
-    With `ramp`, the first windows grow from RAMP items, doubling up to `size`: the engine starts on the
-    first small window while the next ones are being built."""
-    bounds, start, width = [], 0, min(RAMP, size) if ramp else size
-    while start < count:
-        stop = min(start + width, count)
-        bounds.append((start, stop))
-        start, width = stop, min(width * 2, size)
-    return bounds or [(0, 0)]
+    With `ramp`, the first windows grow from RAMP items, doubling up to `size`, so that the engine starts on a small
+    first window while the next ones are being built; and the last windows shrink the same way down to RAMP items,
+    so that what is left after the engine's last output (the last window's validation and staging) is small. The
+    full windows between share their items evenly: no small window left over in the middle or at the end."""
+    if count <= 0:
+        return [(0, 0)]
+    if not ramp or size <= RAMP:
+        return [(start, min(start + size, count)) for start in range(0, count, size)]
+    steps = []  # RAMP, 2 * RAMP, ... below size
+    while (RAMP << len(steps)) < size:
+        steps.append(RAMP << len(steps))
+    head: list[int] = []
+    tail: list[int] = []  # from the end backwards
+    left = count
+    for step in (step for step in steps for _ in (head, tail)):  # a small window at each end in turn
+        if left - step < RAMP:  # what is left goes in the middle, no smaller than a ramp's window
+            break
+        (tail if len(head) > len(tail) else head).append(step)
+        left -= step
+    middle = -(-left // size)  # full windows, as even as can be
+    widths = head + [left // middle + (i < left % middle) for i in range(middle)] + tail[::-1]
+    bounds, start = [], 0
+    for width in widths:
+        bounds.append((start, start + width))
+        start += width
+    return bounds
 
 
 def in_parallel(work: Callable[[Any], None], items: list[Any], workers: int) -> None:

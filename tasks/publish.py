@@ -18,13 +18,13 @@ from prefect.runtime import flow_run
 
 from batchgen.assemble import LostItemsError, assemble
 from batchgen.job import JobSpec
-from batchgen.manifest import build_manifest, tally
+from batchgen.manifest import build_manifest, code_provenance, tally
 from batchgen.progress import for_run, run_key
 from batchgen.publish import CURRENT, PUBLICATIONS, REJECTED, RESULTS, Publication
 from batchgen.records import ATTEMPTS_SCHEMA, EngineStats, Manifest, RunTotals, Tally, Window
 from batchgen.remote import CURRENT_JSON, upload_publication
 from batchgen.report import preload as preload_report
-from batchgen.report import report_markdown, write_report
+from batchgen.report import start_chart_worker, write_report_and_markdown
 from batchgen.retry import latest_attempts
 from batchgen.summary import summary_markdown
 from expectations.validate import merge_results
@@ -32,12 +32,25 @@ from tasks.prompts import PromptStep
 from tasks.validate import Validated
 
 
-def open_publication(job: JobSpec) -> Publication:
+def open_publication(job: JobSpec, preload: bool = True) -> Publication:
     """The run's publication (the one writer of its tables): staged, and discarded if the run fails before it
-    is committed. Use it as a context manager. The report's libraries load in the background meanwhile."""
-    preload_report()
+    is committed. Use it as a context manager. What publishing needs gets ready in the background meanwhile: the
+    code's git state, the report's chart worker process, and with `preload` the rest of the report
+    (`preload_publish`)."""
+    code_provenance()  # looked up meanwhile, not after the engine
+    if preload:
+        preload_publish()
+    else:
+        start_chart_worker()  # its imports take another core: started now, it is ready for a short run's report
     return Publication.open(Path(job.output.dir), jsonl=job.output.jsonl, keep=job.output.keep,
                             id_column=job.input.id_column)
+
+
+def preload_publish() -> None:
+    """The report's libraries and GX's page templates, loaded in a background thread of this process
+    (batchgen.report.preload). The batch flow calls it once the engine has its first requests: before that, it
+    would slow down the first window's prompts."""
+    preload_report()
 
 
 @task(name="stage-window", cache_policy=NO_CACHE, task_run_name="stage-window-{window.label}")
@@ -96,11 +109,12 @@ def finish_publication(job: JobSpec, publication: Publication, artifact_key: str
     """Add the report to a sealed publication, switch `current` to it, post the summary, copy it to shared storage."""
     # Anything else that belongs to this publication is written into it before the commit,
     # so that readers of <out>/current see it together with the data or not at all.
-    write_report(publication.staging)  # report.html and data_docs/ belong to this publication
+    # report.html and data_docs/ belong to this publication; the markdown is the report's figures, read once
+    _, figures = write_report_and_markdown(publication.staging)
     out_dir = Path(job.output.dir)
     published = publication.commit()
     written = publication.manifest
-    create_markdown_artifact(markdown=summary_markdown(written) + report_markdown(published), key=artifact_key,
+    create_markdown_artifact(markdown=summary_markdown(written) + figures, key=artifact_key,
                              description=artifact_description)
     counts = written.counts
     print(f"{label}: {counts.accepted} accepted, {counts.rejected} rejected of {counts.items} items "

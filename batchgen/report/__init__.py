@@ -3,7 +3,8 @@
 Everything here is a function of the publication directory alone (manifest.json, the Parquet tables,
 validation.json), so `batchgen report RUN_DIR` rebuilds exactly what the publish step wrote. The modules:
 `read` (the publication), `figures` (its numbers), `charts` (their images), `page` (the HTML page and the
-markdown), `datadocs` (GX's Data Docs site) and `offline_docs` (that site, rewritten to read offline).
+markdown), `datadocs` (GX's Data Docs site), `offline_docs` (that site, rewritten to read offline) and `worker` (a
+process that draws the charts while the Data Docs are built).
 """
 
 from __future__ import annotations
@@ -14,31 +15,43 @@ from pathlib import Path
 from batchgen.files import write_text as write_text_atomic
 from batchgen.report.datadocs import DATA_DOCS, build_data_docs
 from batchgen.report.page import REPORT, figures_markdown, render_html
-from batchgen.report.read import NotAPublicationError, load_publication
+from batchgen.report.read import NotAPublicationError, Publication, load_publication
+from batchgen.report.worker import (
+    ChartWorker,
+    ChartWorkerError,
+    load_chart_libraries,
+    running_worker,
+    start_worker,
+    wait_for,
+)
 
 __all__ = ["DATA_DOCS", "REPORT", "NotAPublicationError", "load_publication", "preload", "report_markdown",
-           "write_report"]
+           "start_chart_worker", "write_report", "write_report_and_markdown"]
 
 
-def _load_libraries() -> None:
-    import matplotlib
+def load_libraries(data_docs: bool = True, charts: bool = True) -> None:
+    """Import GX's site builder and compile its page templates (Data Docs), and matplotlib with its font list
+    (charts)."""
+    if charts:
+        load_chart_libraries()
+    if data_docs:
+        import great_expectations.render.renderer.site_builder  # noqa: F401  (Data Docs' site builder)
 
-    matplotlib.use("Agg", force=True)
-    import great_expectations.render.renderer.site_builder  # noqa: F401  (Data Docs' site builder)
-    import matplotlib.pyplot  # noqa: F401
-    from matplotlib import font_manager
+        from batchgen.report import gx_views
 
-    font_manager.findfont("DejaVu Sans")  # reads the font list once
+        gx_views.warm()  # GX's page templates, compiled once for the process
 
 
 def preload() -> threading.Thread:
-    """Import what the report needs (matplotlib and its fonts, GX's site builder: about a second in a fresh
-    process) in a background thread, while the engine works, so that it is not paid after the engine is done.
+    """Get the report ready while the engine works, so that its setup is not paid after the engine is done: the
+    chart worker process starts (`start_chart_worker`), and a background thread imports GX's site builder here
+    and compiles its templates (matplotlib too, where no worker could start): about a second in a fresh process.
     Returns the thread; a failure here is left for the report itself to raise."""
+    worker = start_chart_worker()
 
     def load() -> None:
         try:
-            _load_libraries()
+            load_libraries(charts=worker is None)
         except Exception:  # noqa: BLE001  (write_report imports them again and says what is wrong)
             pass
 
@@ -47,13 +60,44 @@ def preload() -> threading.Thread:
     return thread
 
 
-def write_report(run_dir: Path) -> Path:
-    """Build `data_docs/` and `report.html` in a publication directory; returns the report's path."""
+def start_chart_worker() -> ChartWorker | None:
+    """The process's chart worker (batchgen.report.worker), started if none is alive: the report's charts are drawn
+    there, beside the Data Docs. Its imports take another core, not this process's time. None where no child
+    process can be started (the charts are then drawn in-process)."""
+    return start_worker()
+
+
+def _write(run_dir: Path) -> tuple[Path, Publication]:
     pub = load_publication(Path(run_dir))
+    worker, answer = running_worker(), None
+    if worker is not None:  # the charts are drawn there while the Data Docs are built here
+        try:
+            answer = worker.charts(pub.root)
+        except ChartWorkerError:
+            answer = None
     docs = build_data_docs(pub)
+    charts = None
+    if answer is not None:
+        try:
+            charts = wait_for(answer, worker)
+        except ChartWorkerError:  # drawn here instead (render_html), where a real error is raised
+            charts = None
     path = pub.root / REPORT
-    write_text_atomic(render_html(pub, docs), path)
-    return path
+    write_text_atomic(render_html(pub, docs, charts), path)
+    return path, pub
+
+
+def write_report(run_dir: Path) -> Path:
+    """Build `data_docs/` and `report.html` in a publication directory; returns the report's path. The charts
+    are drawn by the chart worker when `preload` started one, else here: the same images either way."""
+    return _write(Path(run_dir))[0]
+
+
+def write_report_and_markdown(run_dir: Path) -> tuple[Path, str]:
+    """`write_report`, and the report's figures as markdown (`report_markdown`) from the same reading of the
+    publication."""
+    path, pub = _write(Path(run_dir))
+    return path, figures_markdown(pub)
 
 
 def report_markdown(run_dir: Path) -> str:

@@ -47,10 +47,16 @@ def build_data_docs(pub: Publication) -> dict[str, Any] | None:
     if not validated:
         return None
     context = gx.get_context(mode="ephemeral")
+    # GX's own views, with their templates compiled once per process (batchgen.report.gx_views)
+    page_view = {"module_name": "batchgen.report.gx_views", "class_name": "CachedPageView"}
     context.add_data_docs_site("batchgen", {
         "class_name": "SiteBuilder",
         "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(site)},
-        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder",
+                               "view": {"module_name": "batchgen.report.gx_views",
+                                        "class_name": "CachedIndexPageView"}},
+        "site_section_builders": {"expectations": {"view": page_view}, "validations": {"view": page_view},
+                                  "profiling": {"view": page_view}},
     })
     started = pub.started_at or datetime.now(timezone.utc)
     suite_name = validated[0][1]["suite_name"]

@@ -10,7 +10,7 @@ import pandas as pd
 
 from batchgen import provenance
 from batchgen.job import job_from_dict
-from batchgen.manifest import build_manifest, package_versions, tally, truncation_counts
+from batchgen.manifest import build_manifest, code_provenance, package_versions, tally, truncation_counts
 from batchgen.models import ModelRef
 from batchgen.records import EngineStats, RunTotals, Tally
 from tests.provenance_checks import git, sha
@@ -123,3 +123,10 @@ def test_manifest_records_prompt_input_model_software_and_code(tmp_path, hash_ca
     root = Path(provenance.__file__).resolve().parents[1]
     if (root / ".git").exists():  # a checkout (a worktree has a .git file): its commit
         assert code["commit"] == git(root, "rev-parse", "HEAD")
+
+
+def test_the_code_git_state_is_looked_up_once_per_process_in_the_background():
+    first = code_provenance()
+    assert code_provenance() is first  # one lookup; the run's manifest waits for it only if it is not done yet
+    folder = Path(__file__).resolve().parents[3] / "batchgen"
+    assert first.result(timeout=60) == provenance.git_provenance(folder)

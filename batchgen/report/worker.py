@@ -1,0 +1,189 @@
+"""The report's charts drawn in a Python process of their own, started ahead of the report.
+
+After the engine is done, the report's two slow parts are the charts (matplotlib) and GX's Data Docs, both
+pure Python: in one process they run one after the other, whatever the cores. `ChartWorker` is a child
+process that imports matplotlib while the run works and says when it is ready; then it draws the charts of a
+publication directory (`report_charts(load_publication(run_dir))`, exactly what the report draws in-process)
+while the run's own process builds the Data Docs. It is a plain child (`python -m batchgen.report.worker`),
+not a multiprocessing one, so the parent's main module is never imported again there. It reads one request
+line on stdin and answers one JSON line on stdout; it exits when its stdin closes (its parent ended).
+Anything that goes wrong there (no interpreter, not ready yet, a crash, an error, no answer in time) is the
+caller's cue to draw the charts in-process instead, where a real error is raised.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+ANSWER_SECONDS = 300.0  # a publication's charts take about a second; a worker silent this long is given up
+
+
+class ChartWorkerError(RuntimeError):
+    """The worker did not draw the charts (gone, failed, or too slow): draw them in-process."""
+
+
+class ChartWorker:
+    """One child process that draws charts; one request at a time (others draw in-process meanwhile). It says
+    when its imports are done: a request before that is refused (drawn in-process, not waited for)."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.process = process
+        self.ready = threading.Event()
+        self._busy = threading.Lock()
+        self._answer: Future | None = None
+        threading.Thread(target=self._read, name="batchgen-chart-worker", daemon=True).start()
+
+    @classmethod
+    def start(cls) -> ChartWorker:
+        """Start the child; it imports matplotlib and batchgen's report modules at once, then waits."""
+        root = Path(__file__).resolve().parents[2]  # the folder this batchgen is imported from
+        # `-m` puts the child's working folder first on its path: a checkout's root, so it imports this batchgen;
+        # an installed batchgen is found by the child as it is (a site-packages folder first would shadow the
+        # standard library with what is installed there).
+        cwd = None if root.name in ("site-packages", "dist-packages") else root
+        process = subprocess.Popen([sys.executable, "-m", "batchgen.report.worker"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                   env={**os.environ, "MPLBACKEND": "Agg"}, cwd=cwd, close_fds=True)
+        return cls(process)
+
+    def _read(self) -> None:
+        """The child's lines: "ready" once, then one answer per request; at its end, a pending request fails."""
+        for line in self.process.stdout:
+            try:
+                reply = json.loads(line)
+            except ValueError:
+                continue
+            if reply.get("ready"):
+                self.ready.set()
+                continue
+            answer, self._answer = self._answer, None
+            if answer is None:
+                continue
+            if "charts" in reply:
+                answer.set_result(reply["charts"])
+            else:
+                answer.set_exception(ChartWorkerError(f"the chart worker failed: {reply.get('error')}"))
+            self._busy.release()
+        self.ready.clear()
+        answer, self._answer = self._answer, None
+        if answer is not None:
+            answer.set_exception(ChartWorkerError("the chart worker exited before answering"))
+            self._busy.release()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def charts(self, run_dir: Path) -> Future:
+        """Ask for the charts of `run_dir` (a sealed publication); the future's result is `report_charts`'s list,
+        or ChartWorkerError. Raises ChartWorkerError at once when the worker is not ready, busy or gone."""
+        if not self.ready.is_set() or not self.alive():
+            raise ChartWorkerError("the chart worker is not ready")
+        if not self._busy.acquire(blocking=False):
+            raise ChartWorkerError("the chart worker is drawing another report")
+        answer: Future = Future()
+        self._answer = answer
+        try:
+            self.process.stdin.write((json.dumps({"run_dir": str(Path(run_dir).resolve())}) + "\n").encode())
+            self.process.stdin.flush()
+        except (OSError, ValueError) as exc:
+            self._answer = None
+            self._busy.release()
+            raise ChartWorkerError(f"the chart worker cannot take a request: {exc}") from exc
+        return answer
+
+    def close(self) -> None:
+        """Close its stdin: the child ends its loop and exits."""
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+
+    def kill(self) -> None:
+        self.process.kill()
+
+
+def wait_for(answer: Future, worker: ChartWorker, timeout: float = ANSWER_SECONDS) -> list[dict[str, str]]:
+    """The worker's charts; a worker that does not answer in `timeout` seconds is killed (ChartWorkerError)."""
+    try:
+        return answer.result(timeout=timeout)
+    except TimeoutError as exc:  # concurrent.futures.TimeoutError is TimeoutError since Python 3.11
+        worker.kill()
+        raise ChartWorkerError(f"the chart worker gave no answer in {timeout:.0f} s") from exc
+
+
+_worker: ChartWorker | None = None
+_starting = threading.Lock()
+
+
+def start_worker() -> ChartWorker | None:
+    """The process's chart worker, started now if there is none alive (one per process, reused by later runs);
+    None if no child process can be started here."""
+    global _worker
+    with _starting:
+        if _worker is None or not _worker.alive():
+            try:
+                _worker = ChartWorker.start()
+            except (OSError, ValueError, subprocess.SubprocessError):
+                _worker = None
+        return _worker
+
+
+def running_worker() -> ChartWorker | None:
+    """The chart worker if one was started (`start_worker`) and is alive."""
+    worker = _worker
+    return worker if worker is not None and worker.alive() else None
+
+
+@atexit.register
+def _close() -> None:
+    if _worker is not None:
+        _worker.close()
+
+
+def serve(requests: Any, answers: Any) -> None:
+    """The child's loop: a JSON request per line in, a JSON answer per line out, until its input ends."""
+    from batchgen.report.charts import report_charts
+    from batchgen.report.read import load_publication
+
+    for line in requests:
+        try:
+            run_dir = Path(json.loads(line)["run_dir"])
+            reply: dict[str, Any] = {"charts": report_charts(load_publication(run_dir))}
+        except Exception as exc:  # noqa: BLE001  (the parent draws in-process, where the error is raised)
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        answers.write(json.dumps(reply) + "\n")
+        answers.flush()
+
+
+def load_chart_libraries() -> None:
+    """matplotlib (Agg) and its font list, and the report's chart modules."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot  # noqa: F401
+    from matplotlib import font_manager
+
+    import batchgen.report.charts  # noqa: F401
+
+    font_manager.findfont("DejaVu Sans")  # reads the font list once
+
+
+def main() -> None:
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a library's stray print must not garble an answer
+    load_chart_libraries()
+    answers.write(json.dumps({"ready": True}) + "\n")
+    answers.flush()
+    serve(sys.stdin.buffer, answers)
+
+
+if __name__ == "__main__":
+    main()

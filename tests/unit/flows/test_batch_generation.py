@@ -1,0 +1,98 @@
+"""The batch flow's windows (flows.batch_generation): how a run's items are cut into windows, and the first window
+building its prompts before the others."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from flows.batch_generation import RAMP, FirstPromptsFirst, item_windows
+
+
+def widths(bounds: list[tuple[int, int]]) -> list[int]:
+    return [stop - start for start, stop in bounds]
+
+
+def test_windows_of_one_at_a_time_are_full_windows_and_the_rest():
+    assert item_windows(10000, 2048) == [(0, 2048), (2048, 4096), (4096, 6144), (6144, 8192), (8192, 10000)]
+    assert item_windows(20, 6) == [(0, 6), (6, 12), (12, 18), (18, 20)]
+    assert item_windows(0, 2048) == item_windows(0, 2048, ramp=True) == [(0, 0)]  # rejections only
+
+
+def test_overlapping_windows_ramp_up_at_the_start_and_down_at_the_end():
+    assert widths(item_windows(10000, 2048, ramp=True)) == [256, 512, 1024, 1604, 1604, 1604, 1604, 1024, 512, 256]
+    assert widths(item_windows(3584, 2048, ramp=True)) == [256, 512, 1024, 1024, 512, 256]
+    # the middle shares its items evenly: no small window left over between full ones or at the end
+    assert widths(item_windows(20000, 2048, ramp=True)) == [256, 512, 1024] + [1824] * 9 + [1024, 512, 256]
+    assert widths(item_windows(5000, 1000, ramp=True)) == [256, 512, 866, 866, 866, 866, 512, 256]
+
+
+def test_a_small_run_gets_no_window_smaller_than_a_ramps():
+    assert widths(item_windows(100, 2048, ramp=True)) == [100]
+    assert widths(item_windows(511, 2048, ramp=True)) == [511]
+    assert widths(item_windows(600, 2048, ramp=True)) == [256, 344]
+    assert widths(item_windows(1000, 2048, ramp=True)) == [256, 488, 256]
+
+
+def test_windows_no_larger_than_a_ramp_do_not_ramp():
+    assert item_windows(1000, 200, ramp=True) == item_windows(1000, 200)
+    assert item_windows(1000, RAMP, ramp=True) == item_windows(1000, RAMP)
+
+
+@pytest.mark.parametrize("size", [1, 7, 255, 256, 300, 512, 1000, 2048, 4096])
+@pytest.mark.parametrize("ramp", [False, True])
+def test_windows_cover_every_item_once_in_order_and_none_is_larger_than_the_window_size(size, ramp):
+    for count in [1, 2, 255, 256, 257, 511, 512, 513, 1000, 1791, 1792, 3583, 3584, 3585, 10000, 33333]:
+        bounds = item_windows(count, size, ramp=ramp)
+        assert bounds[0][0] == 0 and bounds[-1][1] == count
+        assert all(stop == next_start for (_, stop), (next_start, _) in zip(bounds, bounds[1:]))
+        assert all(0 < width <= size for width in widths(bounds)), (count, size, widths(bounds))
+        if ramp and size > RAMP and count >= 2 * RAMP:  # a small first window; a small last one too with room
+            assert widths(bounds)[0] == RAMP and (count < 3 * RAMP or widths(bounds)[-1] == RAMP), widths(bounds)
+
+
+def run_in_threads(work, indexes):
+    threads = [threading.Thread(target=work, args=(index,)) for index in indexes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(thread.is_alive() for thread in threads)
+
+
+def test_the_first_window_builds_its_prompts_before_any_other_window_starts_on_its_own():
+    turns, events, lock = FirstPromptsFirst(), [], threading.Lock()
+    both_inside = threading.Barrier(2, timeout=10)
+
+    def window(index: int) -> None:
+        with turns.turn(index):
+            with lock:
+                events.append(("start", index))
+            if index == 1:
+                time.sleep(0.05)
+            else:
+                both_inside.wait()  # windows 2 and 3 build theirs side by side
+            with lock:
+                events.append(("end", index))
+
+    run_in_threads(window, [3, 2, 1])  # started in any order
+    assert events[:2] == [("start", 1), ("end", 1)]
+    assert sorted(events[2:]) == [("end", 2), ("end", 3), ("start", 2), ("start", 3)]
+
+
+def test_a_first_window_whose_prompts_fail_still_lets_the_others_go_on():
+    turns, built = FirstPromptsFirst(), []
+
+    def window(index: int) -> None:
+        try:
+            with turns.turn(index):
+                if index == 1:
+                    raise ValueError("a bad template")
+                built.append(index)
+        except ValueError:
+            pass
+
+    run_in_threads(window, [2, 1])
+    assert built == [2]
