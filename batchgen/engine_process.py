@@ -30,6 +30,7 @@ import itertools
 import logging
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -379,6 +380,9 @@ class _Server:
 
 
 def main(fd: int) -> int:
+    # Ctrl-C in a terminal reaches every process of the foreground group: the run's process handles it and stops
+    # this one (or its socket closes), so the engine is not torn down under a task that is still reading from it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(fd)
     try:
         _, factory, kwargs = conn.recv()

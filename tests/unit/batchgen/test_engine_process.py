@@ -102,7 +102,10 @@ def test_a_dead_engine_process_reaches_every_waiting_submitter():
 
 
 def test_close_stops_the_engine_process():
+    """Also after Ctrl-C reached it with the rest of the terminal's process group: it stops when the run says."""
     engine = start()
+    os.kill(engine.process.pid, signal.SIGINT)
+    assert engine.run(process_id) == engine.process.pid  # still serving
     started = time.monotonic()
     engine.close()
     assert engine.process.returncode == 0 and time.monotonic() - started < 10
