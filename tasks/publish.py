@@ -40,7 +40,7 @@ def open_publication(job: JobSpec, preload: bool = True) -> Publication:
     code_provenance()  # looked up meanwhile, not after the engine
     if preload:
         preload_publish()
-    else:
+    elif charts_apart():
         start_chart_worker()  # its imports take another core: started now, it is ready for a short run's report
     return Publication.open(Path(job.output.dir), jsonl=job.output.jsonl, keep=job.output.keep,
                             id_column=job.input.id_column)
@@ -50,7 +50,16 @@ def preload_publish() -> None:
     """The report's libraries and GX's page templates, loaded in a background thread of this process
     (batchgen.report.preload). The batch flow calls it once the engine has its first requests: before that, it
     would slow down the first window's prompts."""
-    preload_report()
+    preload_report(chart_worker=charts_apart())
+
+
+def charts_apart() -> bool:
+    """Whether the report's charts are drawn in a worker process of their own: yes where the engine runs on an
+    accelerator; no on CPU builds, where the engine's threads use every core and a process importing matplotlib
+    beside them slowed its generation (2 cores: the flow's generation stage at 0.82 of raw vLLM against 0.99)."""
+    from batchgen.engine import on_cpu
+
+    return not on_cpu()
 
 
 @task(name="stage-window", cache_policy=NO_CACHE, task_run_name="stage-window-{window.label}")

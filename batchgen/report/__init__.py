@@ -42,12 +42,12 @@ def load_libraries(data_docs: bool = True, charts: bool = True) -> None:
         gx_views.warm()  # GX's page templates, compiled once for the process
 
 
-def preload() -> threading.Thread:
+def preload(chart_worker: bool = True) -> threading.Thread:
     """Get the report ready while the engine works, so that its setup is not paid after the engine is done: the
-    chart worker process starts (`start_chart_worker`), and a background thread imports GX's site builder here
-    and compiles its templates (matplotlib too, where no worker could start): about a second in a fresh process.
-    Returns the thread; a failure here is left for the report itself to raise."""
-    worker = start_chart_worker()
+    chart worker process starts (`start_chart_worker`; not with `chart_worker=False`), and a background thread
+    imports GX's site builder here and compiles its templates (matplotlib too, where no worker runs): about a
+    second in a fresh process. Returns the thread; a failure here is left for the report itself to raise."""
+    worker = start_chart_worker() if chart_worker else None
 
     def load() -> None:
         try:
