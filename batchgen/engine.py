@@ -12,10 +12,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-from collections.abc import Callable
 
 from batchgen.job import EngineSpec
 from batchgen.models import ModelRef, model_max_len, resolve_model
