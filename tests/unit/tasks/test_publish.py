@@ -29,3 +29,14 @@ def test_check_published_once_refuses_a_staging_that_lost_or_doubled_an_item(tmp
         check_published_once(staging("lost", ["a", "b"], []), 3)
     with pytest.raises(LostItemsError, match="3 published rows, 2 distinct items, 3 expected"):
         check_published_once(staging("twice", ["a", "b"], ["a"]), 3)  # a window accepted it, another rejected it
+
+
+@pytest.mark.parametrize(("cpu", "apart"), [(True, False), (False, True)])
+def test_the_chart_worker_runs_only_where_the_engine_does_not_use_the_cores(monkeypatch, cpu, apart):
+    """On CPU builds the engine's threads use every core, and a worker process importing matplotlib beside them
+    slowed generation (benchmarks/results/cpu-paired/); on an accelerator the worker draws beside the Data Docs."""
+    import batchgen.engine
+    from tasks.publish import charts_apart
+
+    monkeypatch.setattr(batchgen.engine, "on_cpu", lambda: cpu)
+    assert charts_apart() is apart
