@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -130,7 +131,7 @@ class RemoteStream:
         self._conn, self._process = conn, process
         self._send_lock, self._lock = threading.Lock(), threading.Lock()
         self._submissions: dict[int, _RemoteSubmission] = {}
-        self._calls: dict[int, list[Any]] = {}  # id -> [event, ok, value]
+        self._calls: dict[int, Future] = {}  # the calls waiting for their result
         self._numbers = itertools.count()
         self._error: BaseException | None = None
         self._reader = threading.Thread(target=self._read, name="batchgen-engine-socket", daemon=True)
@@ -166,15 +167,11 @@ class RemoteStream:
             raise TypeError(f"{fn.__qualname__} is not importable: the engine process runs only functions defined "
                             "at a module's top level")
         payload = pickle.dumps((module, fn.__qualname__, args))  # unpickled by the call: its errors are its own
-        number = next(self._numbers)
-        waiting = [threading.Event(), False, None]
+        number, answer = next(self._numbers), Future()
         with self._lock:
-            self._calls[number] = waiting
+            self._calls[number] = answer
         self._send(("call", number, payload))
-        waiting[0].wait()
-        if not waiting[1]:
-            raise waiting[2] if isinstance(waiting[2], BaseException) else StreamError(str(waiting[2]))
-        return waiting[2]
+        return answer.result()
 
     def call(self, fn: Callable[[], Any]) -> Any:
         raise TypeError("the engine runs in a process of its own: use Engine.run(fn, *args) with an importable fn")
@@ -223,10 +220,11 @@ class RemoteStream:
                 elif kind == "result":
                     _, number, ok, value = message
                     with self._lock:
-                        waiting = self._calls.pop(number, None)
-                    if waiting is not None:
-                        waiting[1], waiting[2] = ok, value
-                        waiting[0].set()
+                        answer = self._calls.pop(number, None)
+                    if answer is not None and ok:
+                        answer.set_result(value)
+                    elif answer is not None:
+                        answer.set_exception(value if isinstance(value, BaseException) else StreamError(str(value)))
         except (EOFError, OSError) as exc:
             code = self._process.poll()
             error = StreamError("the engine process exited" + (f" (exit code {code})" if code is not None else "")
@@ -240,9 +238,8 @@ class RemoteStream:
             self._calls.clear()
         for submission in submissions:
             submission._outputs.put(error)
-        for waiting in calls:
-            waiting[1], waiting[2] = False, error
-            waiting[0].set()
+        for answer in calls:
+            answer.set_exception(error)
 
 
 class ProcessEngine:

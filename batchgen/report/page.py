@@ -172,9 +172,9 @@ def render_html(pub: Publication, docs: dict[str, Any] | None, charts: list[dict
     accepted, rejected = samples(pub)
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     return env.from_string(PAGE).render(
-        m=m, cards=cards(m), charts=report_charts(pub) if charts is None else charts, expectations=pass_rates(pub.validation), accepted=accepted,
-        rejected=rejected, pct=_pct, when=_when, docs=docs, settings=settings(m),
-        keyword=pub.expectations.get("keyword_column"), prompt=m.prompt,
+        m=m, cards=cards(m), charts=report_charts(pub) if charts is None else charts,
+        expectations=pass_rates(pub.validation), accepted=accepted, rejected=rejected, pct=_pct, when=_when,
+        docs=docs, settings=settings(m), keyword=pub.expectations.get("keyword_column"), prompt=m.prompt,
     )
 
 
