@@ -116,10 +116,13 @@ class _RemoteSubmission(Submission):
 
     def cancel(self) -> None:
         if self.received < self.total and self.stream.alive:
+            submissions = (self, *self.children)
             with self.stream._lock:
-                self.stream._submissions.pop(self.number, None)  # its stragglers are dropped
+                for submission in submissions:  # their stragglers are dropped
+                    self.stream._submissions.pop(submission.number, None)
             try:
-                self.stream._send(("cancel", self.number))
+                for submission in submissions:
+                    self.stream._send(("cancel", submission.number))
             except StreamError:
                 pass
 
@@ -141,11 +144,14 @@ class RemoteStream:
     def alive(self) -> bool:
         return self._error is None
 
-    def submit(self, prompts: list[Any], params: list[Any], loras: list[Any] | None = None) -> Submission:
+    def submit(self, prompts: list[Any], params: list[Any], loras: list[Any] | None = None,
+               into: Submission | None = None) -> Submission:
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling parameters")
         number = next(self._numbers)
         submission = _RemoteSubmission(self, len(prompts), number)
+        if into is not None:
+            submission.join(into)
         if prompts:
             with self._lock:
                 self._submissions[number] = submission
@@ -206,8 +212,11 @@ class RemoteStream:
                         continue
                     submission.first_added_at = first_added_at
                     submission.last_output_at = last_output_at
-                    for item in batch:
-                        submission._outputs.put(item)
+                    if submission.parent is not None:
+                        submission.parent.last_output_at = last_output_at
+                    offset, outputs = submission.offset, submission._outputs
+                    for index, output in batch:
+                        outputs.put((offset + index, output))
                     submission.delivered += len(batch)
                     if submission.delivered >= submission.total:
                         with self._lock:

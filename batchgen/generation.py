@@ -253,6 +253,7 @@ class Ran(NamedTuple):
     reused: int  # requests answered from `done`
     first_added_at: float | None = None  # perf_counter: the first new request entered the engine
     last_output_at: float | None = None  # perf_counter: the last new output came back
+    follow_ups: int = 0  # follow-up requests (run_requests' follow_up), reused ones included
 
 
 def run_requests(
@@ -265,10 +266,11 @@ def run_requests(
     done: dict[str, list[Attempt]] | Callable[[set[str]], dict[str, list[Attempt]]] | None = None,
     on_commit: Callable[[list[Attempt], int, int], None] | None = None,
     adapters: dict[str, str] | None = None,
+    follow_up: Callable[[Attempt], GenRequest | None] | None = None,
 ) -> Ran:
     """Generate every request not already in `done` (keyed by request_key); return all rows and the reuse count.
 
-    `done` is the committed rows by key, or a loader called once with the requests' keys
+    `done` is the committed rows by key, or a loader called with the requests' keys
     (e.g. `ResultStore.load`), so the keys are computed once.
 
     The engine is asked for (`engine_factory()`) only when something is left to generate. Every
@@ -277,28 +279,40 @@ def run_requests(
     `commit_every` outputs or `commit_seconds`, whichever comes first (the caller commits them
     there). Other tasks may feed the same stream meanwhile: the engine never drains between them.
     `adapters` ({name: folder}, engine.lora_adapters) resolves each request's `lora` to a LoRARequest.
+
+    `follow_up(attempt)` is another request for an attempt, or None (a cut-off output grown or continued,
+    batchgen.retry.stream_retry): follow-ups of new outputs join the same submission as soon as their outputs
+    are committed, so they run while the engine is still full; those of reused attempts are looked up in `done`
+    first, as a rerun after a crash finds them there.
     """
     from batchgen.adapters import lora_request
 
     base = sampling_kwargs(sampling)
-    keyed = list(zip(request_keys(requests, base, model_identity), requests))
-    if callable(done):
-        done = done({key for key, _ in keyed})
-    done = done or {}
+    loader = done if callable(done) else None
+    known = {} if loader is not None else (done or {})
     rows: list[Attempt] = []
-    pending = []
-    reused = 0
-    for key, request in keyed:
-        if key in done:
-            rows.extend(done[key])
-            reused += 1
-        else:
-            pending.append((key, request))
+    pending: list[tuple[str, GenRequest]] = []
+    reused = total = 0
+    wave = requests
+    while wave:  # the requests, then the follow-ups of what was reused, and theirs, ...
+        keyed = list(zip(request_keys(wave, base, model_identity), wave))
+        total += len(keyed)
+        if loader is not None:
+            known = loader({key for key, _ in keyed})
+        wave = []
+        for key, request in keyed:
+            if key in known:
+                rows.extend(known[key])
+                reused += 1
+                if follow_up is not None:
+                    wave.extend(more for row in known[key] if (more := follow_up(row)) is not None)
+            else:
+                pending.append((key, request))
     finished = reused
     if on_commit is not None and reused:
-        on_commit([], finished, len(keyed))
+        on_commit([], finished, total)
     if not pending:
-        return Ran(rows, reused)
+        return Ran(rows, reused, follow_ups=total - len(requests))
     engine = engine_factory()
     if base.get("beam_search"):  # LLM.beam_search runs whole calls: in chunks, on the stream's thread
         started = time.perf_counter()
@@ -307,15 +321,20 @@ def run_requests(
             rows.extend(new_rows)
             finished += len(chunk)
             if on_commit is not None:
-                on_commit(new_rows, finished, len(keyed))
-        return Ran(rows, reused, started, time.perf_counter())
+                on_commit(new_rows, finished, total)
+        return Ran(rows, reused, started, time.perf_counter(), total - len(requests))
 
     keep = sampling.logprobs is not None
     keep_prompt = sampling.passthrough.get("prompt_logprobs") is not None
-    prompts, params = engine_requests(pending, base)
-    loras = [lora_request(adapters or {}, request.lora) for _, request in pending] if adapters else None
-    submission = engine.stream.submit(prompts, params, loras)
-    del prompts, params
+
+    def submit(new: list[tuple[str, GenRequest]], into: Any = None) -> Any:
+        prompts, params = engine_requests(new, base)
+        loras = [lora_request(adapters or {}, request.lora) for _, request in new] if adapters else None
+        if into is None:
+            return engine.stream.submit(prompts, params, loras)
+        return engine.stream.submit(prompts, params, loras, into=into)
+
+    submission = submit(pending)
     since = time.perf_counter()
     try:
         for batch in submission.batches(commit_every, commit_seconds):
@@ -327,12 +346,18 @@ def run_requests(
                                                keep, keep_prompt)]
             rows.extend(new_rows)
             finished += len(batch)
-            if on_commit is not None:
-                on_commit(new_rows, finished, len(keyed))
+            more = [] if follow_up is None else [r for row in new_rows if (r := follow_up(row)) is not None]
+            total += len(more)
+            if on_commit is not None:  # committed before their follow-ups exist: a rerun finds what they grow
+                on_commit(new_rows, finished, total)
+            if more:
+                new = list(zip(request_keys(more, base, model_identity), more))
+                submit(new, into=submission)  # indexed after `pending`'s requests so far
+                pending.extend(new)
     except BaseException:
         submission.cancel()  # a failed commit: the engine stops working for this task
         raise
-    return Ran(rows, reused, submission.first_added_at, submission.last_output_at)
+    return Ran(rows, reused, submission.first_added_at, submission.last_output_at, total - len(requests))
 
 
 def beam_search_chunk(llm: Any, chunk: list[tuple[str, GenRequest]], base: dict[str, Any],

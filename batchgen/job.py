@@ -498,6 +498,12 @@ class RetrySpec(_Section):
     )
     growth_factor: float = Field(2.0, gt=1, description="Each pass's total budget is the last one times this.")
     max_tokens_cap: int = Field(1024, ge=1, description="No pass gets a total budget above this.")
+    in_stream: bool = Field(
+        True,
+        description="Cut-off outputs go back into the engine as soon as they are committed, beside the first "
+        "pass's requests still running (true), or in a retry pass once their window is validated (false). The "
+        "same attempts either way; other failures are always retried in passes, after validation.",
+    )
 
 
 class OutputSpec(_Section):

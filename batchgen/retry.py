@@ -9,11 +9,16 @@ A candidate earns another attempt when its latest attempt failed one of `retry.o
 - any other expectation (`keyword`, `length`, ...): the candidate is sampled again
   (strategy `resample`) at its budget, with the temperature moved by `temperature_step`,
   but only while its item has no passing candidate (one passing candidate is enough).
+
+A candidate gets at most `max_passes` attempts after its first. Cut-off outputs are known as soon as they
+finish: with `retry.in_stream` they are grown in the generate task's stream (`stream_retry`), the same requests
+a retry pass would make; the passes after validation then retry only the other failures.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pandas as pd
 
@@ -52,6 +57,8 @@ def plan_beam_retries(latest: pd.DataFrame, retry: RetrySpec, max_model_len: int
         if not (beams["finish_reason"] == "length").any():
             continue
         row = next(beams.sort_values("attempt", ascending=False).itertuples(index=False))
+        if row.attempt > retry.max_passes:
+            continue
         budget = next_budget(int(row.max_tokens), retry, int(row.n_prompt_tokens), max_model_len)
         if budget <= row.max_tokens:
             continue
@@ -87,6 +94,8 @@ def plan_retries(latest: pd.DataFrame, retry: RetrySpec, max_model_len: int,
     passing = set(latest.loc[latest["passed"].astype(bool), "item_id"]) if "passed" in latest else set()
     requests = []
     for row in latest.itertuples(index=False):
+        if row.attempt > retry.max_passes:  # its retries are spent (some perhaps in the stream)
+            continue
         if row.finish_reason == "length" and "truncated" in on:
             request = grow_request(row, retry, max_model_len)
             if request is not None:
@@ -96,6 +105,21 @@ def plan_retries(latest: pd.DataFrame, retry: RetrySpec, max_model_len: int,
         if causes and row.item_id not in passing:
             requests.append(resample_request(row, retry, temperature))
     return requests
+
+
+def stream_retry(retry: RetrySpec, max_model_len: int) -> Callable[[object], GenRequest | None] | None:
+    """The follow-up of an attempt in the generate task's stream (batchgen.generation.run_requests): a cut-off
+    output grown (or continued) while it has attempts left and its budget can grow; None when the job does not
+    retry cut-off outputs in the stream."""
+    if not retry.in_stream or retry.max_passes == 0 or "truncated" not in retry_on(retry):
+        return None
+
+    def follow_up(row: object) -> GenRequest | None:
+        if row.finish_reason != "length" or row.attempt > retry.max_passes:  # type: ignore[attr-defined]
+            return None
+        return grow_request(row, retry, max_model_len)
+
+    return follow_up
 
 
 def resample_request(row: object, retry: RetrySpec, temperature: float) -> GenRequest:

@@ -56,6 +56,17 @@ class Submission:
         self._outputs: queue.SimpleQueue = queue.SimpleQueue()
         self.first_added_at: float | None = None  # perf_counter when its first request entered the engine
         self.last_output_at: float | None = None
+        self.offset = 0  # where its indices start in its parent's (see join)
+        self.parent: Submission | None = None
+        self.children: list[Submission] = []
+
+    def join(self, parent: Submission) -> None:
+        """Make this (new, not yet sent) submission part of `parent`: its outputs come through the parent's
+        iterators, indexed after the parent's requests so far, and the parent waits for them too. Called by the
+        parent's reader (e.g. follow-up requests of outputs it has just read), before the requests are sent."""
+        self._outputs, self.offset, self.parent = parent._outputs, parent.total, parent
+        parent.total += self.total
+        parent.children.append(self)
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         """(index into the submitted lists, vLLM RequestOutput) as each request finishes."""
@@ -91,10 +102,12 @@ class Submission:
             yield batch
 
     def cancel(self) -> None:
-        """Take this submission's unfinished requests out of the engine (a failed or abandoned task)."""
+        """Take this submission's unfinished requests (and its joined ones') out of the engine (a failed or
+        abandoned task)."""
         if self.received < self.total and self.stream.alive:
             try:
-                self.stream._send(_Message("cancel", submission=self))
+                for submission in (self, *self.children):
+                    self.stream._send(_Message("cancel", submission=submission))
             except StreamError:  # the engine died meanwhile: nothing of this submission is left in it
                 pass
 
@@ -118,13 +131,17 @@ class EngineStream:
 
     # ---------------------------------------------------------------- submitters' side
 
-    def submit(self, prompts: list[Any], params: list[Any], loras: list[Any] | None = None) -> Submission:
+    def submit(self, prompts: list[Any], params: list[Any], loras: list[Any] | None = None,
+               into: Submission | None = None) -> Submission:
         """Queue requests (vLLM prompts, e.g. TokensPrompt, and one SamplingParams each, and optionally one
-        LoRARequest or None each); returns at once."""
+        LoRARequest or None each); returns at once. `into`: add them to that submission (Submission.join), from
+        the thread that reads it."""
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling parameters")
         submission = Submission(self, prompts, params, f"bg{next(self._tags)}")
         submission.loras = loras if loras and any(lora is not None for lora in loras) else None
+        if into is not None:
+            submission.join(into)
         if prompts:
             self._send(_Message("add", submission=submission))
         return submission
@@ -265,7 +282,9 @@ class EngineStream:
                 continue
             submission, index = route
             submission.last_output_at = now
-            submission._outputs.put((index, output))
+            if submission.parent is not None:
+                submission.parent.last_output_at = now
+            submission._outputs.put((submission.offset + index, output))
 
     def _cancel(self, submission: Submission) -> None:
         self._adding = [(s, i) for s, i in self._adding if s is not submission]

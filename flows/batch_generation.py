@@ -17,6 +17,7 @@ from contextvars import copy_context
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
+import pandas as pd
 from prefect import flow
 from prefect.utilities.annotations import quote
 from pydantic import Field, WithJsonSchema
@@ -34,7 +35,7 @@ from tasks.load import load_items_task
 from tasks.prompts import build_prompts_task
 from tasks.publish import open_publication, preload_publish, publish_task, stage_window_task
 from tasks.retry import plan_retry_task
-from tasks.validate import validate_task
+from tasks.validate import Validated, validate_task
 
 # A failed run is retried once as a whole: the retry resumes from the result store, so it
 # regenerates only what the failed attempt had not committed. Change with
@@ -107,22 +108,34 @@ class FirstPromptsFirst:
 
 
 def run_window(spec: JobSpec, window: Window, publication: Any, turns: FirstPromptsFirst | None = None) -> None:
-    """Prompts, the first pass, validation and retry passes of one window of items, staged into the publication."""
+    """Prompts, the first pass (cut-off outputs retried in its stream when retry.in_stream), validation and retry
+    passes of one window of items, staged into the publication."""
     with turns.turn(window.index) if turns is not None else nullcontext():
         prompts = build_prompts_task(spec, window)
     # quote(): Prefect would otherwise walk every request and token id to track task inputs (seconds per window).
-    generated = [generate_task(spec, quote(first_pass_requests(prompts.built.prompts, spec.sampling)), window.label)]
+    requests = first_pass_requests(prompts.built.prompts, spec.sampling)
+    generated = [generate_task(spec, quote(requests), window.label, prompts.max_model_len)]
     if window.index == 1:
         preload_publish()  # the engine has had its first requests: the report gets ready meanwhile
-    validated = [validate_task(spec, generated[0].rows, window.keywords(spec), window.label)]
-    for pass_number in range(1, spec.retry.max_passes + 1):
-        label = f"{window.label}-retry{pass_number}"
+    validated: list[Validated] = []
+    validate_attempts(spec, window, generated[-1].rows, validated)
+    for _ in range(spec.retry.max_passes):
+        label = f"{window.label}-retry{len(validated)}"
         requests = plan_retry_task(spec, quote([v.rows for v in validated]), prompts.max_model_len, label)
         if not requests:
             break
-        generated.append(generate_task(spec, quote(requests), label))
-        validated.append(validate_task(spec, generated[-1].rows, window.keywords(spec), label))
+        generated.append(generate_task(spec, quote(requests), label, prompts.max_model_len))
+        validate_attempts(spec, window, generated[-1].rows, validated)
     stage_window_task(spec, quote(publication), window, prompts, [g.stats for g in generated], quote(validated))
+
+
+def validate_attempts(spec: JobSpec, window: Window, rows: pd.DataFrame, validated: list[Validated]) -> None:
+    """Validate a generate task's attempts, one validation per attempt number (a pass each in the report: the
+    first pass, then each retry, also those made in the stream), appended to `validated`."""
+    groups = [rows] if rows.empty else [group for _, group in rows.groupby("attempt", sort=True)]
+    for group in groups:
+        label = window.label if not validated else f"{window.label}-retry{len(validated)}"
+        validated.append(validate_task(spec, quote(group), window.keywords(spec), label))
 
 
 def windows_in_flight(spec: JobSpec) -> int:

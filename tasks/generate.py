@@ -18,6 +18,7 @@ from batchgen.items import LoadedItems
 from batchgen.job import JobSpec
 from batchgen.progress import for_run, run_key, window_of
 from batchgen.records import Attempt, EngineStats, GenRequest, columns_of
+from batchgen.retry import stream_retry
 from batchgen.store import ResultStore
 
 
@@ -57,9 +58,11 @@ class Progress:
         self.window = window_of(label)
 
     def update(self, finished: int, fresh_tokens: int, engine_seconds: float, generated: int,
-               final: int = 0, new_tokens: int = 0) -> None:
-        """`final`: outputs of this commit that are not cut off; `new_tokens`: its output tokens."""
+               final: int = 0, new_tokens: int = 0, of: int = 0) -> None:
+        """`final`: outputs of this commit that are not cut off; `new_tokens`: its output tokens; `of`: the
+        requests known so far."""
         now = time.monotonic()
+        self.total = max(self.total, of)  # follow-ups (cut-off outputs grown in the stream) add to it
         if self.job is not None:
             self.job.committed(self.window, final, new_tokens)
         if self.artifact is None:
@@ -90,14 +93,18 @@ class Progress:
 # wrong, and reruns are made cheap by the result store instead. A retry (e.g. after an
 # engine worker died) builds a fresh engine and resumes from the last commit.
 @task(name="generate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, task_run_name="generate-{label}")
-def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Generated:
-    """Feed every pending request into the engine's stream; commit outputs as they finish; reuse earlier commits."""
+def generate_task(job: JobSpec, requests: list[GenRequest], label: str, max_model_len: int | None = None) -> Generated:
+    """Feed every pending request into the engine's stream; commit outputs as they finish; reuse earlier commits.
+    With `max_model_len` (the engine's context, for the budgets), cut-off outputs are grown in the same stream
+    as they finish when the job says so (retry.in_stream)."""
     started = time.perf_counter()
     store = store_for(job)
     args = planned_engine_args(job.engine)
     progress = Progress(job, label, len(requests))
     fresh_tokens, generated = 0, 0
     first_commit_at: float | None = None
+    follow_up = None if max_model_len is None or job.sampling.use_beam_search else stream_retry(job.retry,
+                                                                                                  max_model_len)
 
     def on_commit(new_rows: list[Attempt], finished: int, of: int) -> None:
         nonlocal fresh_tokens, generated, first_commit_at
@@ -112,7 +119,7 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Gener
             generated += len({r.request_key for r in new_rows})
         else:  # results reused from earlier commits: counted as finished (the window's staging corrects it)
             final = finished * job.sampling.candidates
-        progress.update(finished, fresh_tokens, time.perf_counter() - ready, generated, final, tokens)
+        progress.update(finished, fresh_tokens, time.perf_counter() - ready, generated, final, tokens, of)
 
     used = []  # the engine this task ran on, if it needed one
     ready = started  # when the engine was there: rates and ETAs leave its start out
@@ -127,7 +134,7 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Gener
     try:
         ran = run_requests(engine, requests, job.sampling, engine_identity(args), job.chunk_size,
                            job.commit_seconds, done=store.load,  # this window's commits only
-                           on_commit=on_commit, adapters=job.engine.lora_adapters or None)
+                           on_commit=on_commit, adapters=job.engine.lora_adapters or None, follow_up=follow_up)
     except Exception:
         for dead in used:  # the Prefect retry starts from a fresh engine (another window's may already have)
             discard_engine(job.engine, dead)
@@ -136,8 +143,10 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str) -> Gener
         progress.close()
     frame = pd.DataFrame(columns_of(ran.rows, Attempt))
     seconds = time.perf_counter() - started
-    print(f"generate [{label}]: {len(requests)} requests -> {len(frame)} outputs, {ran.reused} reused, "
-          f"{fresh_tokens} new output tokens in {seconds:.1f} s")
+    print(f"generate [{label}]: {len(requests)} requests"
+          + (f" and {ran.follow_ups} cut-off outputs retried in the stream" if ran.follow_ups else "")
+          + f" -> {len(frame)} outputs"
+          + f", {ran.reused} reused, {fresh_tokens} new output tokens in {seconds:.1f} s")
     engine_seconds = (ran.last_output_at - ran.first_added_at
                       if ran.first_added_at is not None and ran.last_output_at is not None else 0.0)
     return Generated(rows=frame, seconds=seconds, stats=EngineStats(

@@ -9,6 +9,7 @@ import json
 from types import SimpleNamespace
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from batchgen.job import job_from_dict
@@ -65,9 +66,12 @@ def test_flow_retries_cut_off_items_and_publishes_each_item_once(tmp_path, prefe
     assert counts["truncated_first_pass"] == 20  # 12 tokens: everything is cut off
     assert counts["truncated_final"] == 0  # 24 tokens on the retry pass: everything stops
     assert counts["accepted"] == 20 and counts["rejected"] == 0
-    assert stand_in.calls == [20, 20]  # every request of a pass goes into the engine at once: one step each
+    # every first-pass request goes into the engine at once (one step); the cut-off outputs of each commit (chunk_size
+    # 16: 16, then 4) follow into the same stream as soon as they are committed
+    assert stand_in.calls == [20, 16, 4]
     out = tmp_path / "out"
-    assert commits(out) == 4  # chunk_size 16: outputs committed 16 + 4 per pass, two passes
+    sizes = [pq.read_metadata(path).num_rows for path in (out / ".batchgen" / "results").glob("chunk-*.parquet")]
+    assert sum(sizes) == 40 and max(sizes) <= 16  # both attempts' outputs, committed at most 16 at a time
 
     results = pd.read_parquet(out / "current" / "accepted" / "accepted.parquet")
     assert sorted(results["item_id"]) == sorted(f"p{i:05d}" for i in range(1, 21))
@@ -89,7 +93,7 @@ def test_flow_retries_cut_off_items_and_publishes_each_item_once(tmp_path, prefe
     assert summaries and "| accepted | 20 (100.0%) |" in summaries[0].data
     # each generate task's progress, made once its requests were in the engine, ends done
     progress = [a for a in artifacts if a.type == "progress" and a.flow_run_id == run.id]
-    assert len(progress) == 2 and all(float(a.data) == 100.0 for a in progress)  # the first pass and the retry
+    assert len(progress) == 1 and float(progress[0].data) == 100.0  # one generate task: the retries in its stream
     # ... with the run report's figures; the report and Data Docs are part of the publication.
     assert "| attempt | length | stop |\n| --- | --- | --- |\n| 1 | 20 | 0 |\n| 2 | 0 | 20 |" in summaries[0].data
     assert "| retry 1 | truncated | 20 | 0 | 100.0% |" in summaries[0].data
@@ -206,8 +210,9 @@ def test_windows_publish_what_one_window_publishes(tmp_path, prefect_server, sta
     stand_in.calls.clear()
     windowed, results, attempts, validation = run(6, "windowed")
 
-    assert stand_in.calls == [6, 6, 6, 6, 6, 6, 2, 2]  # per window: the first pass, then its retry pass
-    assert calls_whole == [20, 20]
+    # per window: the first pass, then its cut-off outputs grown in the same stream once committed (16, then 4)
+    assert stand_in.calls == [6, 6, 6, 6, 6, 6, 2, 2]
+    assert calls_whole == [20, 16, 4]
     assert windowed["counts"] == {**whole["counts"], "reused": windowed["counts"]["reused"]}
     assert windowed["tokens"]["output"] == whole["tokens"]["output"]
     assert sorted(results["item_id"]) == sorted(whole_results["item_id"]) == [f"p{i:05d}" for i in range(1, 21)]

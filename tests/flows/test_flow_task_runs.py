@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from batchgen.job import job_from_dict
 from tests.conftest import product_job
 from tests.flows.test_batch_generation_flow import stand_in  # noqa: F401  (fixture)
 
 
-def test_task_runs_are_named_by_window_and_pass(tmp_path, prefect_server, stand_in):  # noqa: F811
+@pytest.mark.parametrize("in_stream", [True, False])
+def test_task_runs_are_named_by_window_and_pass(tmp_path, prefect_server, stand_in, in_stream):  # noqa: F811
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     from flows.batch_generation import batch_generation
 
-    job = job_from_dict(product_job(tmp_path, 12, expectations={"keyword_column": None}, retry={"max_passes": 2},
-                                    window_size=6, windows_in_flight=2))
+    job = job_from_dict(product_job(tmp_path, 12, expectations={"keyword_column": None},
+                                    retry={"max_passes": 2, "in_stream": in_stream}, window_size=6,
+                                    windows_in_flight=2))
     manifest = batch_generation(job)
     assert manifest.counts.items == 12 and manifest.counts.accepted == 12
 
@@ -28,11 +32,13 @@ def test_task_runs_are_named_by_window_and_pass(tmp_path, prefect_server, stand_
     runs = asyncio.run(task_runs())
     assert all(run.state.is_completed() for run in runs)
     names = sorted(run.name for run in runs)
-    # two windows of 6; everything is cut off at 12 tokens, the first retry pass ends every output, the second
-    # pass finds nothing to retry (its plan runs, no generate follows)
+    # two windows of 6; everything is cut off at 12 tokens, the first retry ends every output: in the stream of
+    # the first generate task (in_stream), or in a retry pass after validation; then a plan finds nothing to retry
+    # (it runs, no generate follows). Each attempt is validated on its own, a pass each.
     expected = ["check-job", "load-items", "publish"]
     for window in ("w1", "w2"):
         expected += [f"build-prompts-{window}", f"generate-{window}", f"validate-{window}",
-                     f"plan-retry-{window}-retry1", f"generate-{window}-retry1", f"validate-{window}-retry1",
-                     f"plan-retry-{window}-retry2", f"stage-window-{window}"]
+                     f"validate-{window}-retry1", f"plan-retry-{window}-retry2", f"stage-window-{window}"]
+        if not in_stream:
+            expected += [f"plan-retry-{window}-retry1", f"generate-{window}-retry1"]
     assert names == sorted(expected)

@@ -60,6 +60,21 @@ def test_each_submitter_gets_its_own_outputs_from_the_engine_process(engine):
     assert engine.stream.submit([], []).total == 0  # nothing to send: done at once
 
 
+def test_joined_requests_cross_the_socket_into_their_parents_reader(engine):
+    submission = engine.stream.submit(prompts(0, 3), [None] * 3)
+    read = []
+    for batch in submission.batches(2, 0.05):
+        for index, output in batch:
+            read.append((index, output.outputs[0].text))
+            if index < 3:  # a follow-up of each of the first requests, in the same submission
+                engine.stream.submit(prompts(100 + index, 1), [None], into=submission)
+    assert submission.total == submission.received == 6
+    texts = dict(read)
+    assert sorted(texts) == list(range(6))
+    assert sorted(texts[i] for i in range(3, 6)) == ["out 100", "out 101", "out 102"]
+    assert sorted(texts[i] for i in range(3)) == ["out 0", "out 1", "out 2"]
+
+
 def test_calls_run_in_the_engine_process_and_their_errors_come_back(engine):
     assert engine.run(process_id) == engine.process.pid != os.getpid()
     with pytest.raises(ValueError, match="boom"):

@@ -4,6 +4,7 @@ search), request keys, and run_requests with a stand-in engine."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
@@ -474,3 +475,95 @@ def test_a_seed_is_per_candidate_and_fresh_for_each_resampled_attempt():
     resampled = [seed(candidate=c, attempt=a, strategy="resample") for c in range(3) for a in (2, 3)]
     assert sorted(resampled) == [103, 104, 105, 106, 107, 108]  # none equals another or a first-pass seed
     assert "seed" not in sampling_kwargs(SamplingSpec())
+
+
+# ---------------------------------------------------------------- cut-off outputs retried in the stream
+
+class FitsAt(FakeLLM):
+    """Cut off ("length") while the budget is below `fits`, stopped at or above it; `seconds` a call."""
+
+    def __init__(self, fits: int, seconds: float = 0.0):
+        super().__init__()
+        self.fits, self.seconds = fits, seconds
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        time.sleep(self.seconds)
+        outputs = super().generate(prompts, sampling_params, use_tqdm)
+        for output, params in zip(outputs, sampling_params):
+            for c in output.outputs:
+                c.finish_reason = "stop" if params.max_tokens >= self.fits else "length"
+        return outputs
+
+
+def grows(retry: RetrySpec):
+    from batchgen.retry import stream_retry
+
+    return stream_retry(retry, max_model_len=2048)
+
+
+def test_cut_off_outputs_rejoin_the_stream_while_the_first_pass_still_runs_and_grow_until_they_fit():
+    llm = FitsAt(16, seconds=0.05)
+    factory = Factory(llm)
+    factory.engine = stand_in_engine(llm, per_step=2)  # two requests a step: the first pass takes 5 steps
+    core = llm.llm_engine
+    waiting_when_added = []  # the budgets still in the engine when each request was added
+    add = core.add_request
+    core.add_request = lambda request_id, prompt, params: (
+        waiting_when_added.append((params.max_tokens, [p.max_tokens for _, _, p in core.pending])),
+        add(request_id, prompt, params))[1]
+    retry = RetrySpec(max_passes=3, growth_factor=2, max_tokens_cap=64)
+    totals = []
+
+    ran = run_requests(factory, many_requests(10), SamplingSpec(max_tokens=4), MODEL, commit_every=1,
+                       on_commit=lambda rows, finished, total: totals.append(total), follow_up=grows(retry))
+
+    attempts = sorted((r.item_id, r.attempt, r.max_tokens, r.finish_reason) for r in ran.rows)
+    assert attempts == sorted((f"p{i}", a, b, "stop" if b == 16 else "length")
+                              for i in range(10) for a, b in ((1, 4), (2, 8), (3, 16)))
+    assert ran.follow_ups == 20 and ran.reused == 0 and totals[-1] == 30
+    first_grown = next(waiting for budget, waiting in waiting_when_added if budget == 8)
+    assert first_grown.count(4) >= 6  # it joined while most of the first pass was still in the engine
+    # the same requests (keys) a retry pass would have made of the first pass's cut-off outputs
+    first = pd.DataFrame([dataclasses.asdict(r) for r in ran.rows if r.attempt == 1])
+    planned = plan_retries(first, retry, max_model_len=2048)
+    base = sampling_kwargs(SamplingSpec(max_tokens=4))
+    assert ({request_key(q, base, MODEL) for q in planned}
+            == {r.request_key for r in ran.rows if r.attempt == 2})
+
+
+def test_stream_retries_stop_at_max_passes_and_at_the_cap():
+    ran = run_requests(Factory(FitsAt(1000)), many_requests(3), SamplingSpec(max_tokens=4), MODEL, commit_every=2,
+                       follow_up=grows(RetrySpec(max_passes=5, growth_factor=2, max_tokens_cap=12)))
+    assert sorted({(r.attempt, r.max_tokens) for r in ran.rows}) == [(1, 4), (2, 8), (3, 12)]  # 16 > cap: 12
+    ran = run_requests(Factory(FitsAt(1000)), many_requests(3), SamplingSpec(max_tokens=4), MODEL, commit_every=2,
+                       follow_up=grows(RetrySpec(max_passes=1)))
+    assert sorted({(r.attempt, r.max_tokens) for r in ran.rows}) == [(1, 4), (2, 8)]
+    assert grows(RetrySpec(in_stream=False)) is None and grows(RetrySpec(on=["keyword"])) is None
+
+
+def test_a_rerun_reuses_the_committed_attempts_and_their_follow_ups_and_generates_only_the_rest():
+    retry = RetrySpec(max_passes=3, growth_factor=2, max_tokens_cap=64)
+    sampling = SamplingSpec(max_tokens=4)
+    first = run_requests(Factory(FitsAt(16)), many_requests(4), sampling, MODEL, commit_every=1,
+                         follow_up=grows(retry))
+    # a crash after p0's and p1's second attempts were committed, before their third; p2 and p3 only cut off once
+    committed = [r for r in first.rows if r.attempt == 1 or (r.attempt == 2 and r.item_id in ("p0", "p1"))]
+    store: dict[str, list] = defaultdict(list)
+    for row in committed:
+        store[row.request_key].append(row)
+    asked: list[set[str]] = []
+
+    def load(keys: set[str]) -> dict[str, list]:
+        asked.append(keys)
+        return {key: store[key] for key in keys if key in store}
+
+    llm = FitsAt(16)
+    again = run_requests(Factory(llm), many_requests(4), sampling, MODEL, commit_every=1, done=load,
+                         follow_up=grows(retry))
+    sent = sorted((p["prompt_token_ids"][0], q.max_tokens) for prompts, params in llm.calls
+                  for p, q in zip(prompts, params))
+    assert sent == [(1000, 16), (1001, 16), (1002, 8), (1002, 16), (1003, 8), (1003, 16)]
+    assert again.reused == 6 and len(asked) == 3  # the requests, then reused attempts' follow-ups, then theirs
+    assert sorted((r.item_id, r.attempt) for r in again.rows) == sorted(
+        (f"p{i}", a) for i in range(4) for a in (1, 2, 3))
+    assert {r.request_key for r in again.rows} == {r.request_key for r in first.rows}  # the same requests

@@ -142,3 +142,46 @@ def test_closing_the_stream_fails_its_waiting_submitters_instead_of_leaving_them
     with pytest.raises(StreamError, match="shut down"):
         list(submission)
     assert not stream.alive
+
+
+def follow_ups_of(stream: EngineStream, submission, first_follow_up: int) -> list[tuple[int, str]]:
+    """Read `submission`; each output of the first 4 requests gets one follow-up request joined to it (its prompt
+    first_follow_up + index). Returns (index, text) of everything read, in order."""
+    read = []
+    for batch in submission.batches(2, 0.05):
+        for index, output in batch:
+            read.append((index, output.outputs[0].text))
+            if index < 4:
+                stream.submit(prompts(first_follow_up + index, 1), [None], into=submission)
+    return read
+
+
+def test_joined_requests_come_through_their_parents_reader_indexed_after_its_requests():
+    stream = EngineStream(SlowCore(per_step=3))
+    submission = stream.submit(prompts(0, 4), [None] * 4)
+    read = follow_ups_of(stream, submission, first_follow_up=100)
+    # the parent's iterator waited for the joined requests too, each indexed after what was there when it joined
+    assert submission.total == submission.received == 8
+    assert sorted(index for index, _ in read) == list(range(8))
+    by_text = dict((text, index) for index, text in read)
+    assert {text for text in by_text if text.startswith("out 10")} == {f"out {100 + i}" for i in range(4)}
+    assert all(by_text[f"out {100 + i}"] >= 4 for i in range(4))
+    assert submission.last_output_at >= max(child.last_output_at for child in submission.children)
+    stream.close()
+
+
+def test_cancel_takes_joined_requests_out_too():
+    core = SlowCore(per_step=1, seconds=0.02)
+    stream = EngineStream(core)
+    submission = stream.submit(prompts(0, 2), [None] * 2)
+    first = next(iter(submission))
+    joined = stream.submit(prompts(100, 20), [None] * 20, into=submission)
+    while not any(request_id in joined.ids for step in core.steps for request_id in step):
+        time.sleep(0.01)  # the joined requests are in the engine
+    submission.cancel()
+    deadline = time.monotonic() + 10
+    while core.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert first[0] == 0 and not core.pending
+    assert len(set(core.aborted) & set(joined.ids)) >= 15
+    stream.close()
