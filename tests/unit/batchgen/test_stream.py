@@ -163,7 +163,7 @@ def test_joined_requests_come_through_their_parents_reader_indexed_after_its_req
     # the parent's iterator waited for the joined requests too, each indexed after what was there when it joined
     assert submission.total == submission.received == 8
     assert sorted(index for index, _ in read) == list(range(8))
-    by_text = dict((text, index) for index, text in read)
+    by_text = {text: index for index, text in read}
     assert {text for text in by_text if text.startswith("out 10")} == {f"out {100 + i}" for i in range(4)}
     assert all(by_text[f"out {100 + i}"] >= 4 for i in range(4))
     assert submission.last_output_at >= max(child.last_output_at for child in submission.children)
