@@ -8,13 +8,16 @@
 #   STEPS="run big_model pipeline" bash benchmarks/gpu_session.sh   # the steps to run (default: run big_model)
 #
 # Steps, each under a time limit (its cap, or what is left of SESSION_SECONDS, default 540):
-#   run        benchmarks.run: 10,000 items at max_tokens 80 and 16 with one engine; HF transformers on 512 items
+#   run        benchmarks.run: 10,000 items at max_tokens 80 and 16 with one engine; HF transformers on 256 items
 #              in batches of 64; one prompt per call on 32 items; the retry strategies on 64 items; the whole job
-#              with the example job's retries at 80 tokens against raw's first pass (--with-retries)
+#              with the example job's retries at 80 tokens against raw's first pass, retried in the stream, in
+#              passes and by `continue` (--with-retries)
 #   here       the same comparison at 80 and 16 tokens (HF, the loop and the retry runs on a few items only) with
 #              vLLM's front end in the run's process (--front-end here), into $RES/front-end-here: the pair of `run`
 #   run_batch  benchmarks.run_batch_compare: `vllm run-batch` against `batchgen run`, each a fresh process, on the
 #              same 10,000 conversations at 80 tokens, into $RES/run-batch
+#   run_batch_retries  the same with retries on: batchgen's job with its retries against run-batch plus one naive
+#              retry pass of the cut-off outputs (--retries)
 #   big_model  benchmarks.big_model: raw vLLM against the flow on an 8B-shaped model (random weights),
 #              2,000 items x 128 tokens
 #   pipeline   benchmarks.pipeline_only 20000: the flow with the engine stood in (the host's cost, not the GPU's;
@@ -68,11 +71,13 @@ step() {  # step NAME CAP_SECONDS COMMAND...: run COMMAND with its output in $LO
   return 0
 }
 
-step run 540 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 16 --hf-items 512 --hf-batch-size 64 \
+step run 570 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 16 --hf-items 256 --hf-batch-size 64 \
   --serial-items 32 --retry-items 64 --with-retries --out "$RES"
 step here 420 "$PY" -m benchmarks.run --front-end here --sizes 10000 --max-tokens 80 16 --hf-items 8 \
   --serial-items 4 --retry-items 8 --out "$RES/front-end-here"
 step run_batch 540 "$PY" -m benchmarks.run_batch_compare --items 10000 --max-tokens 80 --out "$RES/run-batch"
+step run_batch_retries 560 "$PY" -m benchmarks.run_batch_compare --items 10000 --max-tokens 80 --retries \
+  --out "$RES/run-batch"
 step big_model 240 "$PY" -m benchmarks.big_model --items 2000 --max-tokens 128 --out "$RES"
 if [ -f "$RES/latest.json" ]; then
   step pipeline 150 "$PY" -m benchmarks.pipeline_only 20000 --add-to "$RES"
@@ -88,5 +93,7 @@ if [ "$LOGS" != "$RES" ]; then
     [[ $STEPS == *" here "* && -f "$RES/front-end-here/$name" ]] && cp "$RES/front-end-here/$name" "$LOGS/here-$name"
   done
   [[ $STEPS == *" run_batch "* && -f "$RES/run-batch/run_batch.json" ]] && cp "$RES/run-batch/run_batch.json" "$LOGS/"
+  [[ $STEPS == *" run_batch_retries "* && -f "$RES/run-batch/run_batch_retries.json" ]] &&
+    cp "$RES/run-batch/run_batch_retries.json" "$LOGS/"
 fi
 echo "session done in $(( $(date +%s) - started )) s; figures in $RES, logs in $LOGS" | tee -a "$SUMMARY"

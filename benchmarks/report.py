@@ -166,7 +166,7 @@ def render_markdown(result: dict[str, Any]) -> str:
             "## The whole job with retries on, against raw vLLM's first pass",
             "",
             f"The flow on {result['largest_size']:,} items at max_tokens {config['sampling']['max_tokens']} with the "
-            f"example job's retry passes ({with_retries['retry']}): first pass, retries, validation and publishing, "
+            f"example job's retries ({with_retries['retry']}): first pass, retries, validation and publishing, "
             f"{_num(with_retries['job_wall_seconds'])} s with {with_retries['retry_attempts']} retry attempts "
             f"({with_retries['accepted']:,} accepted, {with_retries['rejected']:,} rejected); raw vLLM's one "
             f"`LLM.generate` call, retries off: {_num(with_retries['raw_first_pass_seconds'])} s. "
@@ -174,6 +174,21 @@ def render_markdown(result: dict[str, Any]) -> str:
             f"**{_num(with_retries['ratio_job_with_retries_vs_raw_first_pass'], 3)}** (target: at least 1/1.10 = 0.909).",
             "",
         ]
+        variants = with_retries.get("variants") or {}
+        if len(variants) > 1:
+            lines += ["The same job in one run, its retries made three ways: in the generate task's stream (the "
+                      "default), in retry passes after each window's validation (`retry.in_stream: false`), and "
+                      "with `retry.strategy: continue` in the stream.", "",
+                      "| retries | job s | raw first pass s | raw / job | output tokens (raw's first pass) "
+                      "| retry attempts | accepted | rejected |",
+                      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            for name, v in variants.items():
+                lines.append(
+                    f"| {name} | {_num(v['job_wall_seconds'])} | {_num(v['raw_first_pass_seconds'])} "
+                    f"| {_num(v['ratio_job_with_retries_vs_raw_first_pass'], 3)} | {v['output_tokens']:,} "
+                    f"({v.get('raw_first_pass_output_tokens') or 0:,}) | {v['retry_attempts']} | {v['accepted']:,} "
+                    f"| {v['rejected']:,} |")
+            lines.append("")
 
     retry = result.get("retry_strategies")
     if retry:
