@@ -267,6 +267,7 @@ def run_requests(
     on_commit: Callable[[list[Attempt], int, int], None] | None = None,
     adapters: dict[str, str] | None = None,
     follow_up: Callable[[Attempt], GenRequest | None] | None = None,
+    on_requests_done: Callable[[], None] | None = None,
 ) -> Ran:
     """Generate every request not already in `done` (keyed by request_key); return all rows and the reuse count.
 
@@ -283,7 +284,8 @@ def run_requests(
     `follow_up(attempt)` is another request for an attempt, or None (a cut-off output grown or continued,
     batchgen.retry.stream_retry): follow-ups of new outputs join the same submission as soon as their outputs
     are committed, so they run while the engine is still full; those of reused attempts are looked up in `done`
-    first, as a rerun after a crash finds them there.
+    first, as a rerun after a crash finds them there. `on_requests_done()` is called once every one of
+    `requests` has its output committed (what is left, if anything, is follow-ups).
     """
     from batchgen.adapters import lora_request
 
@@ -293,7 +295,7 @@ def run_requests(
     rows: list[Attempt] = []
     pending: list[tuple[str, GenRequest]] = []
     reused = total = 0
-    wave = requests
+    wave, n_first = requests, None
     while wave:  # the requests, then the follow-ups of what was reused, and theirs, ...
         keyed = list(zip(request_keys(wave, base, model_identity), wave))
         total += len(keyed)
@@ -308,9 +310,14 @@ def run_requests(
                     wave.extend(more for row in known[key] if (more := follow_up(row)) is not None)
             else:
                 pending.append((key, request))
+        n_first = len(pending) if n_first is None else n_first
+    n_first = n_first or 0
     finished = reused
     if on_commit is not None and reused:
         on_commit([], finished, total)
+    first_left = n_first  # `requests` still waiting for their output: pending[:n_first]
+    if not first_left and on_requests_done is not None:
+        on_requests_done()
     if not pending:
         return Ran(rows, reused, follow_ups=total - len(requests))
     engine = engine_factory()
@@ -322,6 +329,8 @@ def run_requests(
             finished += len(chunk)
             if on_commit is not None:
                 on_commit(new_rows, finished, total)
+        if on_requests_done is not None:
+            on_requests_done()
         return Ran(rows, reused, started, time.perf_counter(), total - len(requests))
 
     keep = sampling.logprobs is not None
@@ -354,6 +363,10 @@ def run_requests(
                 new = list(zip(request_keys(more, base, model_identity), more))
                 submit(new, into=submission)  # indexed after `pending`'s requests so far
                 pending.extend(new)
+            if first_left:
+                first_left -= sum(index < n_first for index, _ in batch)
+                if not first_left and on_requests_done is not None:
+                    on_requests_done()
     except BaseException:
         submission.cancel()  # a failed commit: the engine stops working for this task
         raise

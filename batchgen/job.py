@@ -546,9 +546,10 @@ class JobSpec(_Section):
                                 "window of items at a time, so memory does not grow with the input."
     )
     windows_in_flight: int | None = Field(
-        None, ge=1, le=8, description="Windows worked on at once: while the engine generates one window, the next "
-        "one's prompts are built and the last one's outputs validated and staged. Default: 3 on GPUs; 1 on CPU "
-        "builds, where the engine itself needs every core."
+        None, ge=1, le=8, description="Windows feeding the engine their first pass at once: while the engine "
+        "generates one window, the next one's prompts are built; a window whose first pass is done leaves its "
+        "place to the next one while its retries, validation and staging go on (at most twice this many windows "
+        "are held). Default: 3 on GPUs; 1 on CPU builds, where the engine itself needs every core."
     )
 
     @model_validator(mode="after")

@@ -79,9 +79,9 @@ def batch_generation(
         loaded = load_items_task(spec)
         start_engine_early(spec, loaded)
         with job_progress(spec, loaded):
-            turns = FirstPromptsFirst()
-            in_parallel(lambda window: run_window(spec, window, publication, turns), split_windows(spec, loaded),
-                        workers=windows_in_flight(spec))
+            turns, feeding = FirstPromptsFirst(), FeedingWindows(windows_in_flight(spec))
+            in_parallel(lambda window: run_window(spec, window, publication, turns, feeding),
+                        split_windows(spec, loaded), workers=2 * windows_in_flight(spec))
         return publish_task(spec, publication, started_at)
 
 
@@ -107,14 +107,53 @@ class FirstPromptsFirst:
                 self._first_built.set()
 
 
-def run_window(spec: JobSpec, window: Window, publication: Any, turns: FirstPromptsFirst | None = None) -> None:
+class FeedingWindows:
+    """Which windows feed the engine: at most `slots` at once, taken in the windows' order. A window takes its
+    slot before it builds its prompts and gives it back once every request of its first pass has its output: its
+    cut-off outputs' retries, its validation and its staging then go on beside the next window's first pass, so
+    the engine is not left with one window's few long retries while the next window waits for a slot."""
+
+    def __init__(self, slots: int):
+        self._free, self._next = slots, 1
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def slot(self, index: int) -> Iterator[Callable[[], None]]:
+        """Window `index` (from 1) feeds the engine inside this block, once the windows before it have their slot
+        and one is free; the block gets a release() to give the slot back early (called again at the end: once
+        is enough)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._next == index and self._free > 0)
+            self._free -= 1
+            self._next += 1
+            self._changed.notify_all()
+        given_back = threading.Event()
+
+        def release() -> None:
+            with self._changed:
+                if not given_back.is_set():
+                    given_back.set()
+                    self._free += 1
+                    self._changed.notify_all()
+
+        try:
+            yield release
+        finally:
+            release()
+
+
+def run_window(spec: JobSpec, window: Window, publication: Any, turns: FirstPromptsFirst | None = None,
+               feeding: FeedingWindows | None = None) -> None:
     """Prompts, the first pass (cut-off outputs retried in its stream when retry.in_stream), validation and retry
     passes of one window of items, staged into the publication."""
-    with turns.turn(window.index) if turns is not None else nullcontext():
-        prompts = build_prompts_task(spec, window)
-    # quote(): Prefect would otherwise walk every request and token id to track task inputs (seconds per window).
-    requests = first_pass_requests(prompts.built.prompts, spec.sampling)
-    generated = [generate_task(spec, quote(requests), window.label, prompts.max_model_len)]
+    with feeding.slot(window.index) if feeding is not None else nullcontext(lambda: None) as first_pass_done:
+        with turns.turn(window.index) if turns is not None else nullcontext():
+            prompts = build_prompts_task(spec, window)
+        # quote(): Prefect would otherwise walk every request and token id to track task inputs (seconds per
+        # window).
+        requests = first_pass_requests(prompts.built.prompts, spec.sampling)
+        generated = [generate_task(spec, quote(requests), window.label, prompts.max_model_len,
+                                   quote(first_pass_done))]
     if window.index == 1:
         preload_publish()  # the engine has had its first requests: the report gets ready meanwhile
     validated: list[Validated] = []

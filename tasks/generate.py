@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,10 +94,12 @@ class Progress:
 # wrong, and reruns are made cheap by the result store instead. A retry (e.g. after an
 # engine worker died) builds a fresh engine and resumes from the last commit.
 @task(name="generate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, task_run_name="generate-{label}")
-def generate_task(job: JobSpec, requests: list[GenRequest], label: str, max_model_len: int | None = None) -> Generated:
+def generate_task(job: JobSpec, requests: list[GenRequest], label: str, max_model_len: int | None = None,
+                  requests_done: Callable[[], None] | None = None) -> Generated:
     """Feed every pending request into the engine's stream; commit outputs as they finish; reuse earlier commits.
     With `max_model_len` (the engine's context, for the budgets), cut-off outputs are grown in the same stream
-    as they finish when the job says so (retry.in_stream)."""
+    as they finish when the job says so (retry.in_stream). `requests_done()` is called once every request has its
+    output, before the task ends when retries are still running (the flow then feeds the engine its next window)."""
     started = time.perf_counter()
     store = store_for(job)
     args = planned_engine_args(job.engine)
@@ -134,7 +137,8 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str, max_mode
     try:
         ran = run_requests(engine, requests, job.sampling, engine_identity(args), job.chunk_size,
                            job.commit_seconds, done=store.load,  # this window's commits only
-                           on_commit=on_commit, adapters=job.engine.lora_adapters or None, follow_up=follow_up)
+                           on_commit=on_commit, adapters=job.engine.lora_adapters or None, follow_up=follow_up,
+                           on_requests_done=requests_done)
     except Exception:
         for dead in used:  # the Prefect retry starts from a fresh engine (another window's may already have)
             discard_engine(job.engine, dead)

@@ -567,3 +567,25 @@ def test_a_rerun_reuses_the_committed_attempts_and_their_follow_ups_and_generate
     assert sorted((r.item_id, r.attempt) for r in again.rows) == sorted(
         (f"p{i}", a) for i in range(4) for a in (1, 2, 3))
     assert {r.request_key for r in again.rows} == {r.request_key for r in first.rows}  # the same requests
+
+
+def test_requests_done_is_said_once_the_requests_have_their_outputs_while_their_retries_still_run():
+    llm = FitsAt(32, seconds=0.05)
+    factory = Factory(llm)
+    factory.engine = stand_in_engine(llm, per_step=2)
+    said: list[int] = []  # rows already read when requests_done was called
+    rows_read: list[int] = [0]
+
+    def on_commit(new_rows, finished, total):
+        rows_read[0] += len(new_rows)
+
+    ran = run_requests(factory, many_requests(4), SamplingSpec(max_tokens=4), MODEL, commit_every=1,
+                       on_commit=on_commit, follow_up=grows(RetrySpec(max_passes=3, max_tokens_cap=64)),
+                       on_requests_done=lambda: said.append(rows_read[0]))
+    assert len(ran.rows) == 16  # 4, 8, 16, 32 tokens each
+    assert len(said) == 1 and 4 <= said[0] < 16  # after the 4 first outputs, long before the last retry
+    said.clear()
+    done = {row.request_key: [row] for row in ran.rows}
+    run_requests(factory, many_requests(4), SamplingSpec(max_tokens=4), MODEL, commit_every=1, done=done,
+                 follow_up=grows(RetrySpec(max_passes=3, max_tokens_cap=64)), on_requests_done=lambda: said.append(0))
+    assert said == [0]  # all reused: said at once

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from flows.batch_generation import RAMP, FirstPromptsFirst, item_windows
+from flows.batch_generation import RAMP, FeedingWindows, FirstPromptsFirst, item_windows
 
 
 def widths(bounds: list[tuple[int, int]]) -> list[int]:
@@ -96,3 +96,45 @@ def test_a_first_window_whose_prompts_fail_still_lets_the_others_go_on():
 
     run_in_threads(window, [2, 1])
     assert built == [2]
+
+
+def test_feeding_windows_take_their_slots_in_order_and_a_window_gives_its_slot_back_early():
+    feeding = FeedingWindows(2)
+    order: list[str] = []
+    released = {index: threading.Event() for index in range(1, 5)}  # window i has had its first pass
+    ended = {index: threading.Event() for index in range(1, 5)}  # window i may end
+
+    def window(index: int) -> None:
+        with feeding.slot(index) as first_pass_done:
+            order.append(f"start {index}")
+            released[index].wait(10)
+            first_pass_done()
+            first_pass_done()  # once is enough
+            ended[index].wait(10)
+        order.append(f"end {index}")
+
+    threads = [threading.Thread(target=window, args=(index,)) for index in (4, 3, 2, 1)]  # started out of order
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    assert order == ["start 1", "start 2"]  # two slots, in the windows' order
+    released[1].set()  # window 1's first pass is done, its retries go on: window 3 starts beside it
+    time.sleep(0.2)
+    assert order == ["start 1", "start 2", "start 3"]
+    for index in (2, 3, 4):
+        released[index].set()
+    for event in ended.values():
+        event.set()
+    for thread in threads:
+        thread.join(10)
+    assert [event for event in order if event.startswith("start")] == ["start 1", "start 2", "start 3", "start 4"]
+    assert len(order) == 8
+
+
+def test_a_window_that_fails_gives_its_slot_back():
+    feeding = FeedingWindows(1)
+    with pytest.raises(RuntimeError):
+        with feeding.slot(1):
+            raise RuntimeError("window 1 failed")
+    with feeding.slot(2):  # would wait forever if window 1 kept its slot
+        pass
