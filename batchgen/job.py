@@ -542,8 +542,9 @@ class JobSpec(_Section):
         10.0, gt=0, description="Longest time finished outputs wait before they are committed to disk."
     )
     window_size: int = Field(
-        2048, ge=1, description="Items in flight: prompts, generation, validation, retries and staging run one "
-                                "window of items at a time, so memory does not grow with the input."
+        2048, ge=1, description="Items in flight: prompts, generation, validation, retries and staging run a "
+                                "window of items at a time (a few windows at once, windows_in_flight), so memory does "
+                                "not grow with the input."
     )
     windows_in_flight: int | None = Field(
         None, ge=1, le=8, description="Windows feeding the engine their first pass at once: while the engine "
