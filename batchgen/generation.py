@@ -295,23 +295,29 @@ def run_requests(
     rows: list[Attempt] = []
     pending: list[tuple[str, GenRequest]] = []
     reused = total = 0
-    wave, n_first = requests, None
-    while wave:  # the requests, then the follow-ups of what was reused, and theirs, ...
+
+    def reuse(wave: list[GenRequest]) -> list[GenRequest]:
+        """Rows of the wave's committed requests, the others into `pending`; the follow-ups of what was reused."""
+        nonlocal known, reused, total
         keyed = list(zip(request_keys(wave, base, model_identity), wave))
         total += len(keyed)
         if loader is not None:
             known = loader({key for key, _ in keyed})
-        wave = []
+        more = []
         for key, request in keyed:
             if key in known:
                 rows.extend(known[key])
                 reused += 1
                 if follow_up is not None:
-                    wave.extend(more for row in known[key] if (more := follow_up(row)) is not None)
+                    more.extend(next_request for row in known[key] if (next_request := follow_up(row)) is not None)
             else:
                 pending.append((key, request))
-        n_first = len(pending) if n_first is None else n_first
-    n_first = n_first or 0
+        return more
+
+    wave = reuse(requests)
+    n_first = len(pending)  # pending[:n_first] are `requests`; follow-ups come after them
+    while wave:  # the follow-ups of what was reused, and theirs, ...
+        wave = reuse(wave)
     finished = reused
     if on_commit is not None and reused:
         on_commit([], finished, total)
@@ -339,8 +345,6 @@ def run_requests(
     def submit(new: list[tuple[str, GenRequest]], into: Any = None) -> Any:
         prompts, params = engine_requests(new, base)
         loras = [lora_request(adapters or {}, request.lora) for _, request in new] if adapters else None
-        if into is None:
-            return engine.stream.submit(prompts, params, loras)
         return engine.stream.submit(prompts, params, loras, into=into)
 
     submission = submit(pending)
