@@ -142,10 +142,6 @@ def run(
     # Before a Prefect server and an engine are started for nothing, and before the flow's
     # retry would repeat a failure that no retry can mend: the same checks as `check`.
     checked = _preflight(spec)
-    from batchgen.preflight import continue_stop_warnings
-
-    for warning in continue_stop_warnings(spec):  # what `check` warns of and a run would show only in its rows
-        typer.echo(f"batchgen: warning: {warning}", err=True)
     # The job holds up: the engine starts now (in the background), while Prefect's server and the flow start.
     from tasks.generate import start_engine_early
 

@@ -226,23 +226,7 @@ def truncation_estimate(spec: JobSpec, checked: Checked, sample: dict[str, Any] 
     elif not warnings:
         estimate["note"] = ("the model's own length is not known without the engine: `batchgen check --sample N` "
                             "generates the first N prompts and measures how many are cut off")
-    warnings += continue_stop_warnings(spec)
     return estimate, warnings
-
-
-def continue_stop_warnings(spec: JobSpec) -> list[str]:
-    """`continue` with stop strings of two or more characters: vLLM checks stop strings on the new text only, so one
-    split across the cut (the cut-off text ending in its first characters) is missed and the continuation runs on
-    to its budget (on the example job at 80 tokens, 227-256 of 10,000 items, against 2-4 with grow)."""
-    from batchgen.retry import retry_on
-
-    split = [stop for stop in spec.sampling.stop if len(stop) > 1]
-    if spec.retry.strategy != "continue" or not split or "truncated" not in retry_on(spec.retry) \
-            or spec.retry.max_passes == 0:
-        return []
-    return [f"retry.strategy continue with stop strings {split}: a stop string split across the cut-off point is "
-            "not found (vLLM checks the continuation's own text), so such an output runs on to its budget and may "
-            "end truncated; retry.strategy grow has no such gap"]
 
 
 def sample_outputs(spec: JobSpec, checked: Checked, count: int) -> dict[str, Any]:

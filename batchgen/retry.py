@@ -84,10 +84,11 @@ def resample_temperature(current: float, retry: RetrySpec) -> float:
 
 
 def plan_retries(latest: pd.DataFrame, retry: RetrySpec, max_model_len: int,
-                 beam_width: int | None = None, temperature: float = 1.0) -> list[GenRequest]:
+                 beam_width: int | None = None, temperature: float = 1.0, seam: StopSeam | None = None) -> list[GenRequest]:
     """Requests for the next pass: one per candidate whose latest attempt failed one of retry.on (its own budget
     and temperature, so per-row overrides and every one of n candidates carry over); under beam search, one
-    per item with a cut-off beam. `temperature` is the job's, the base of a resample's temperature."""
+    per item with a cut-off beam. `temperature` is the job's, the base of a resample's temperature; `seam` as in
+    grow_request."""
     if beam_width is not None:
         return plan_beam_retries(latest, retry, max_model_len, beam_width)
     on = retry_on(retry)
@@ -97,7 +98,7 @@ def plan_retries(latest: pd.DataFrame, retry: RetrySpec, max_model_len: int,
         if row.attempt > retry.max_passes:  # its retries are spent (some perhaps in the stream)
             continue
         if row.finish_reason == "length" and "truncated" in on:
-            request = grow_request(row, retry, max_model_len)
+            request = grow_request(row, retry, max_model_len, seam)
             if request is not None:
                 requests.append(request)
                 continue
@@ -107,19 +108,61 @@ def plan_retries(latest: pd.DataFrame, retry: RetrySpec, max_model_len: int,
     return requests
 
 
-def stream_retry(retry: RetrySpec, max_model_len: int) -> Callable[[object], GenRequest | None] | None:
+def stream_retry(retry: RetrySpec, max_model_len: int,
+                 seam: StopSeam | None = None) -> Callable[[object], GenRequest | None] | None:
     """The follow-up of an attempt in the generate task's stream (batchgen.generation.run_requests): a cut-off
     output grown (or continued) while it has attempts left and its budget can grow; None when the job does not
-    retry cut-off outputs in the stream."""
+    retry cut-off outputs in the stream. `seam` as in grow_request."""
     if not retry.in_stream or retry.max_passes == 0 or "truncated" not in retry_on(retry):
         return None
 
     def follow_up(row: object) -> GenRequest | None:
         if row.finish_reason != "length" or row.attempt > retry.max_passes:  # type: ignore[attr-defined]
             return None
-        return grow_request(row, retry, max_model_len)
+        return grow_request(row, retry, max_model_len, seam)
 
     return follow_up
+
+
+def partial_stop(text: str, stops: list[str]) -> int:
+    """How many characters at the end of `text` are the start of a stop string (0 when none): a continuation of
+    such text would miss that stop, since vLLM looks for stop strings in the new text only."""
+    return max((j for stop in stops for j in range(1, len(stop)) if text.endswith(stop[:j])), default=0)
+
+
+class StopSeam:
+    """For `continue` with stop strings of two or more characters: how many of a cut-off output's tokens its
+    continuation keeps. Tokens are given back from the end until the kept text no longer ends in the start of a
+    stop string, so the engine generates that stop string whole, in the new text where it looks for it.
+    `decode(token_ids)` is the tokenizer's, as the engine detokenizes."""
+
+    def __init__(self, stops: list[str], decode: Callable[[list[int]], str]):
+        self.stops = [stop for stop in stops if len(stop) > 1]
+        self.decode = decode
+
+    def __call__(self, text: str, token_ids: list[int]) -> int:
+        chars = partial_stop(text, self.stops)
+        if not chars:
+            return len(token_ids)
+        for kept in range(len(token_ids) - 1, 0, -1):
+            head = self.decode(token_ids[:kept])
+            if len(head) <= len(text) - chars and not partial_stop(head, self.stops):
+                return kept
+        return 0
+
+    def head(self, text: str, token_ids: list[int]) -> str:
+        """The text of the kept tokens: the start of the output's own text where it decodes to that."""
+        head = self.decode(token_ids) if token_ids else ""
+        return text[:len(head)] if text.startswith(head) else head
+
+
+def stop_seam(retry: RetrySpec, stops: list[str], tokenizer: Callable[[], object]) -> StopSeam | None:
+    """The StopSeam a job's continuations need (`tokenizer()` loads the model's), or None: not `continue`, or no
+    stop string that can be split."""
+    if retry.strategy != "continue" or not any(len(stop) > 1 for stop in stops):
+        return None
+    loaded = tokenizer()
+    return StopSeam(stops, lambda ids: loaded.decode(ids, skip_special_tokens=True))  # type: ignore[attr-defined]
 
 
 def resample_request(row: object, retry: RetrySpec, temperature: float) -> GenRequest:
@@ -132,8 +175,11 @@ def resample_request(row: object, retry: RetrySpec, temperature: float) -> GenRe
         candidate=int(row.candidate), n=1, temperature=moved, lora=_lora(row))
 
 
-def grow_request(row: object, retry: RetrySpec, max_model_len: int) -> GenRequest | None:
-    """A cut-off candidate with a bigger budget (grow) or asked for the rest (continue); None when it cannot grow."""
+def grow_request(row: object, retry: RetrySpec, max_model_len: int,
+                 seam: StopSeam | None = None) -> GenRequest | None:
+    """A cut-off candidate with a bigger budget (grow) or asked for the rest (continue); None when it cannot grow.
+    `seam(text, token_ids)` (stop_seam) is how many cut-off tokens a continuation keeps: the rest, the start of a
+    stop string, are generated again."""
     budget = next_budget(int(row.max_tokens), retry, int(row.n_prompt_tokens), max_model_len)
     if budget <= row.max_tokens:
         return None
@@ -143,13 +189,36 @@ def grow_request(row: object, retry: RetrySpec, max_model_len: int) -> GenReques
         candidate=int(row.candidate), n=1, temperature=_temperature(row), lora=_lora(row),
     )
     if retry.strategy == "continue":
-        request.prefix_text = row.text
-        request.prefix_token_ids = list(row.token_ids)
+        token_ids = list(row.token_ids)
         logprob = row.cumulative_logprob
-        request.prefix_logprob = None if logprob is None or pd.isna(logprob) else float(logprob)
+        logprob = None if logprob is None or pd.isna(logprob) else float(logprob)
         logprobs = getattr(row, "logprobs", None)
-        request.prefix_logprobs = list(logprobs) if isinstance(logprobs, list) else None
+        logprobs = list(logprobs) if isinstance(logprobs, (list, tuple)) else None
+        kept = len(token_ids) if seam is None else seam(row.text, token_ids)
+        if kept < len(token_ids):
+            logprob = _without(logprob, token_ids[kept:], None if logprobs is None else logprobs[kept:])
+            request.prefix_text = seam.head(row.text, token_ids[:kept])  # type: ignore[union-attr]
+            token_ids = token_ids[:kept]
+            logprobs = None if logprobs is None else logprobs[:kept]
+        else:
+            request.prefix_text = row.text
+        request.prefix_token_ids = token_ids
+        request.prefix_logprob = logprob
+        request.prefix_logprobs = logprobs
     return request
+
+
+def _without(logprob: float | None, dropped: list[int], positions: list | None) -> float | None:
+    """The cumulative logprob less the dropped tokens' (each found among its position's logprobs, which vLLM
+    gives for the sampled token too); None when it cannot be told."""
+    if logprob is None or positions is None:
+        return None
+    for token_id, entries in zip(dropped, positions):
+        found = next((e["logprob"] for e in (entries or []) if int(e["token_id"]) == int(token_id)), None)
+        if found is None:
+            return None
+        logprob -= float(found)
+    return logprob
 
 
 def rescued_by_reason(accepted: pd.DataFrame, attempts: pd.DataFrame) -> dict[str, int]:

@@ -10,7 +10,8 @@ from prefect.cache_policies import NO_CACHE
 
 from batchgen.job import JobSpec
 from batchgen.records import GenRequest
-from batchgen.retry import latest_attempts, plan_retries
+from batchgen.retry import latest_attempts, plan_retries, stop_seam
+from batchgen.tokenizer import load_tokenizer
 
 
 @task(name="plan-retry", cache_policy=NO_CACHE, task_run_name="plan-retry-{label}")
@@ -21,7 +22,8 @@ def plan_retry_task(job: JobSpec, passes: list[pd.DataFrame], max_model_len: int
     cut = int((latest["finish_reason"] == "length").sum()) if len(latest) else 0
     requests = plan_retries(latest, job.retry, max_model_len,
                             job.sampling.candidates if job.sampling.use_beam_search else None,
-                            job.sampling.temperature)
+                            job.sampling.temperature,
+                            stop_seam(job.retry, job.sampling.stop, lambda: load_tokenizer(job.engine)[1]))
     by_strategy = Counter(r.strategy for r in requests)
     print(f"plan [{label}]: {cut} outputs cut off by max_tokens, "
           f"{len(requests) - by_strategy['resample']} can grow ({job.retry.strategy}, budgets up to "

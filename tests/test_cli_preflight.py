@@ -346,16 +346,3 @@ def test_check_warns_when_the_budget_cannot_hold_the_shortest_acceptable_output(
     _, err, report = invoke("check", job_file(tmp_path, expectations={"min_chars": 20}, sampling={"max_tokens": 64}))
     assert report["warnings"] == [] and "--sample N" in report["truncation"]["note"]
     assert "warning" not in err
-
-
-def test_check_warns_that_continue_misses_a_stop_string_split_across_the_cut(tmp_path):
-    job = job_file(tmp_path, sampling={"max_tokens": 64, "stop": ["\n\n", "."]}, retry={"strategy": "continue"})
-    _, err, report = invoke("check", job)
-    [warning] = report["warnings"]
-    assert warning.startswith("retry.strategy continue with stop strings ['\\n\\n']") and "grow" in warning
-    assert f"batchgen: warning: {warning}" in err.splitlines()
-    for changed in ({"retry": {"strategy": "grow"}}, {"sampling": {"max_tokens": 64, "stop": ["."]},
-                                                      "retry": {"strategy": "continue"}}):
-        _, _, report = invoke("check", job_file(tmp_path, **{"sampling": {"max_tokens": 64, "stop": ["\n\n"]},
-                                                              **changed}))
-        assert report["warnings"] == []

@@ -177,3 +177,44 @@ def test_chinese_job_keeps_text_and_continues_cut_off_outputs(tmp_path, prefect_
         assert row.text.startswith(first.loc[row.item_id, "text"])
         assert list(row.token_ids[:10]) == list(first.loc[row.item_id, "token_ids"])
         assert row.n_output_tokens <= 30
+
+def test_continue_finds_a_stop_string_split_across_the_cut(tmp_path, prefect_server):
+    """A stop string that the cut splits (the cut-off text ends in its first characters): the continuation gives
+    those characters back, the engine writes the stop string whole, and the output ends there, not at its budget."""
+    from flows.batch_generation import batch_generation
+    from batchgen.tokenizer import load_tokenizer
+
+    # The model's own greedy text, with no stop string, for three products.
+    free = job_from_dict(product_job(tmp_path, 3, sampling={"temperature": 0.0, "top_p": 1.0, "max_tokens": 40,
+                                                             "stop": []},
+                                     retry={"max_passes": 0}, output={"dir": str(tmp_path / "free")}))
+    batch_generation(free)
+    greedy = pd.read_parquet(tmp_path / "free" / "current" / "attempts" / "attempts.parquet")
+    row = greedy.sort_values("n_output_tokens").iloc[-1]
+    _, tokenizer, _ = load_tokenizer(free.engine)
+    whole, ids = row["text"], list(row["token_ids"])
+    # A cut at k tokens, and a stop string of the cut-off text's last 3 characters and the next 3, found nowhere
+    # earlier in the text.
+    for k in range(8, len(ids) - 4):
+        head = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        stop = whole[len(head) - 3:len(head) + 3]
+        if whole.startswith(head) and len(stop) == 6 and whole.find(stop) == len(head) - 3:
+            break
+    else:
+        pytest.fail(f"no cut in {whole!r} to split a stop string across")
+
+    job = job_from_dict(product_job(
+        tmp_path, 3, sampling={"temperature": 0.0, "top_p": 1.0, "max_tokens": k, "stop": [stop]},
+        expectations={"min_chars": 1}, retry={"max_passes": 1, "strategy": "continue", "growth_factor": 4},
+        output={"dir": str(tmp_path / "out")}))
+    batch_generation(job)
+    attempts = pd.read_parquet(tmp_path / "out" / "current" / "attempts" / "attempts.parquet")
+    tries = attempts[attempts["item_id"] == row["item_id"]].sort_values("attempt")
+    first, last = tries.iloc[0], tries.iloc[-1]
+    assert first["finish_reason"] == "length" and first["text"] == head  # cut off inside the stop string
+    assert last["attempt"] == 2 and last["strategy"] == "continue"
+    assert last["finish_reason"] == "stop" and last["stop_reason"] == stop
+    assert stop not in last["text"]
+    assert last["text"] == whole[:len(head) - 3]  # the model's text up to the stop string
+    assert last["n_output_tokens"] < 4 * k  # stopped there, not run on to its budget
+

@@ -233,3 +233,81 @@ def test_retries_keep_each_candidate_and_its_own_budget_and_temperature():
     requests = plan_retries(latest, RetrySpec(max_passes=2, growth_factor=2, max_tokens_cap=64), 2048)
     assert sorted((r.item_id, r.candidate, r.max_tokens, r.temperature) for r in requests) == [
         ("a", 0, 8, 0.2), ("a", 2, 8, 0.2), ("b", 0, 20, None)]
+
+
+# --- continue and stop strings split across the cut -----------------------------------------------------------
+
+def cut_off(tokenizer, text: str, **extra: Any) -> pd.DataFrame:
+    """An output cut off right after `text`, with the tokens the tokenizer gives it."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    return frame(attempt("a", max_tokens=len(ids), text=text, token_ids=ids, n_out=len(ids), **extra))
+
+
+def seam_of(tokenizer, stops: list[str], strategy: str = "continue"):
+    from batchgen.retry import stop_seam
+    return stop_seam(RetrySpec(strategy=strategy), stops, lambda: tokenizer)
+
+
+def test_partial_stop_is_the_longest_start_of_a_stop_string_the_text_ends_in():
+    from batchgen.retry import partial_stop
+    assert partial_stop("Warm.\n", ["\n\n"]) == 1
+    assert partial_stop("Warm. ENDO", ["END OF", "\n\n"]) == 0
+    assert partial_stop("Warm. END O", ["END OF"]) == 5
+    assert partial_stop("Warm.", ["\n\n"]) == 0
+
+
+def test_a_continuation_gives_back_the_start_of_a_stop_string_so_the_engine_generates_it_whole(tokenizer):
+    latest = cut_off(tokenizer, "A sturdy mug that keeps coffee hot.\n", cumulative_logprob=-3.0)
+
+    [request] = plan_retries(latest, RetrySpec(strategy="continue"), max_model_len=2048,
+                             seam=seam_of(tokenizer, ["\n\n"]))
+
+    assert request.prefix_text == "A sturdy mug that keeps coffee hot."
+    assert tokenizer.decode(request.prefix_token_ids) == request.prefix_text
+    assert len(request.prefix_token_ids) < len(latest.loc[0, "token_ids"])
+    assert request.prefix_logprob is None  # the given-back tokens' logprobs were not kept: it cannot be told
+    assert request.max_tokens == 2 * int(latest.loc[0, "max_tokens"])  # the total budget is the same
+
+
+def test_the_given_back_tokens_logprobs_come_off_the_cumulative_logprob(tokenizer):
+    text = "Warm and bright.\n"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    steps = [[{"token_id": t, "token": "", "logprob": -0.25 * (i + 1), "rank": 1}] for i, t in enumerate(ids)]
+    latest = cut_off(tokenizer, text, cumulative_logprob=sum(s[0]["logprob"] for s in steps), logprobs=steps)
+
+    [request] = plan_retries(latest, RetrySpec(strategy="continue"), max_model_len=2048,
+                             seam=seam_of(tokenizer, ["\n\n"]))
+
+    kept = len(request.prefix_token_ids)
+    assert request.prefix_logprob == pytest.approx(sum(s[0]["logprob"] for s in steps[:kept]))
+    assert request.prefix_logprobs == steps[:kept]
+
+
+def test_text_that_ends_in_no_stop_string_start_is_kept_whole(tokenizer):
+    latest = cut_off(tokenizer, "A sturdy mug that keeps coffee", cumulative_logprob=-3.0)
+    [request] = plan_retries(latest, RetrySpec(strategy="continue"), max_model_len=2048,
+                             seam=seam_of(tokenizer, ["\n\n", "END"]))
+    assert request.prefix_text == "A sturdy mug that keeps coffee"
+    assert request.prefix_token_ids == list(latest.loc[0, "token_ids"])
+    assert request.prefix_logprob == -3.0
+
+
+def test_an_output_that_is_all_the_start_of_a_stop_string_is_continued_from_nothing(tokenizer):
+    latest = cut_off(tokenizer, "\n")
+    [request] = plan_retries(latest, RetrySpec(strategy="continue"), max_model_len=2048,
+                             seam=seam_of(tokenizer, ["\n\n"]))
+    assert request.prefix_text == "" and request.prefix_token_ids == []
+
+
+def test_no_seam_is_needed_for_grow_or_for_one_character_stop_strings(tokenizer):
+    assert seam_of(tokenizer, ["\n\n"], strategy="grow") is None
+    assert seam_of(tokenizer, ["\n", "."]) is None
+    assert seam_of(tokenizer, []) is None
+
+
+def test_the_stream_follow_up_gives_back_the_start_of_a_stop_string(tokenizer):
+    from batchgen.retry import stream_retry
+    row = next(cut_off(tokenizer, "Bright lamp.\n").itertuples(index=False))
+    follow_up = stream_retry(RetrySpec(strategy="continue"), 2048, seam_of(tokenizer, ["\n\n"]))
+    assert follow_up(row).prefix_text == "Bright lamp."
