@@ -23,6 +23,7 @@ from prefect.utilities.annotations import quote
 from pydantic import Field, WithJsonSchema
 
 from batchgen.generation import first_pass_requests
+from batchgen.heartbeat import heartbeats, quick_heartbeat
 from batchgen.items import LoadedItems
 from batchgen.job import JobSpec
 from batchgen.progress import job_progress
@@ -51,6 +52,9 @@ JobParameter = Annotated[JobSpec | dict | str, WithJsonSchema(
     {"type": "string", "title": "job", "examples": ["examples/product_descriptions.yaml"]})]
 
 
+# quick_heartbeat: the run's heartbeat events are sent from the flow's body (`heartbeats()`) by a thread that ends at
+# once with the run, where Prefect's own thread added up to a second to every call (batchgen/heartbeat.py).
+@quick_heartbeat
 @flow(name="batch-generation", log_prints=True, retries=FLOW_RETRIES, retry_delay_seconds=FLOW_RETRY_DELAY_SECONDS)
 def batch_generation(
     job: JobParameter,
@@ -73,16 +77,17 @@ def batch_generation(
             (docs/job-reference.md lists every field).
     """
     started_at = datetime.now(timezone.utc)
-    spec = resolve_job(job, limit, max_tokens, output_dir, overrides, temperature)
-    check_job_task(spec)  # a job mistake stops here, before the engine starts
-    with open_publication(spec, preload=False) as publication:  # discarded unless the run publishes it
-        loaded = load_items_task(spec)
-        start_engine_early(spec, loaded)
-        with job_progress(spec, loaded):
-            turns, feeding = FirstPromptsFirst(), FeedingWindows(windows_in_flight(spec))
-            in_parallel(lambda window: run_window(spec, window, publication, turns, feeding),
-                        split_windows(spec, loaded), workers=2 * windows_in_flight(spec))
-        return publish_task(spec, publication, started_at)
+    with heartbeats():
+        spec = resolve_job(job, limit, max_tokens, output_dir, overrides, temperature)
+        check_job_task(spec)  # a job mistake stops here, before the engine starts
+        with open_publication(spec, preload=False) as publication:  # discarded unless the run publishes it
+            loaded = load_items_task(spec)
+            start_engine_early(spec, loaded)
+            with job_progress(spec, loaded):
+                turns, feeding = FirstPromptsFirst(), FeedingWindows(windows_in_flight(spec))
+                in_parallel(lambda window: run_window(spec, window, publication, turns, feeding),
+                            split_windows(spec, loaded), workers=2 * windows_in_flight(spec))
+            return publish_task(spec, publication, started_at)
 
 
 class FirstPromptsFirst:
