@@ -214,7 +214,8 @@ def _without(logprob: float | None, dropped: list[int], positions: list | None) 
     if logprob is None or positions is None:
         return None
     for token_id, entries in zip(dropped, positions):
-        found = next((e["logprob"] for e in (entries or []) if int(e["token_id"]) == int(token_id)), None)
+        found = next((e["logprob"] for e in (entries if entries is not None else [])
+                      if int(e["token_id"]) == int(token_id)), None)
         if found is None:
             return None
         logprob -= float(found)
