@@ -23,7 +23,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from batchgen.records import GenRequest
-from batchgen.job import RETRY_ALIASES, RetrySpec
+from batchgen.job import RETRY_ALIASES, JobSpec, RetrySpec
 
 
 def latest_attempts(attempts: pd.DataFrame) -> pd.DataFrame:
@@ -163,6 +163,13 @@ def stop_seam(retry: RetrySpec, stops: list[str], tokenizer: Callable[[], object
         return None
     loaded = tokenizer()
     return StopSeam(stops, lambda ids: loaded.decode(ids, skip_special_tokens=True))  # type: ignore[attr-defined]
+
+
+def job_stop_seam(job: JobSpec) -> StopSeam | None:
+    """`stop_seam` for a job: its retry settings and stop strings, decoded with the model's tokenizer."""
+    from batchgen.tokenizer import load_tokenizer
+
+    return stop_seam(job.retry, job.sampling.stop, lambda: load_tokenizer(job.engine)[1])
 
 
 def resample_request(row: object, retry: RetrySpec, temperature: float) -> GenRequest:

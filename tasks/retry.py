@@ -10,8 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from batchgen.job import JobSpec
 from batchgen.records import GenRequest
-from batchgen.retry import latest_attempts, plan_retries, stop_seam
-from batchgen.tokenizer import load_tokenizer
+from batchgen.retry import job_stop_seam, latest_attempts, plan_retries
 
 
 @task(name="plan-retry", cache_policy=NO_CACHE, task_run_name="plan-retry-{label}")
@@ -23,7 +22,7 @@ def plan_retry_task(job: JobSpec, passes: list[pd.DataFrame], max_model_len: int
     requests = plan_retries(latest, job.retry, max_model_len,
                             job.sampling.candidates if job.sampling.use_beam_search else None,
                             job.sampling.temperature,
-                            stop_seam(job.retry, job.sampling.stop, lambda: load_tokenizer(job.engine)[1]))
+                            job_stop_seam(job))
     by_strategy = Counter(r.strategy for r in requests)
     print(f"plan [{label}]: {cut} outputs cut off by max_tokens, "
           f"{len(requests) - by_strategy['resample']} can grow ({job.retry.strategy}, budgets up to "

@@ -178,6 +178,7 @@ def test_chinese_job_keeps_text_and_continues_cut_off_outputs(tmp_path, prefect_
         assert list(row.token_ids[:10]) == list(first.loc[row.item_id, "token_ids"])
         assert row.n_output_tokens <= 30
 
+
 def test_continue_finds_a_stop_string_split_across_the_cut(tmp_path, prefect_server):
     """A stop string that the cut splits (the cut-off text ends in its first characters): the continuation gives
     those characters back, the engine writes the stop string whole, and the output ends there, not at its budget."""
@@ -217,4 +218,3 @@ def test_continue_finds_a_stop_string_split_across_the_cut(tmp_path, prefect_ser
     assert stop not in last["text"]
     assert last["text"] == whole[:len(head) - 3]  # the model's text up to the stop string
     assert last["n_output_tokens"] < 4 * k  # stopped there, not run on to its budget
-
