@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchgen.gcheap import freeze_more
 from batchgen.job import EngineSpec
 from batchgen.models import ModelRef, model_max_len, resolve_model
 from batchgen.stream import EngineStream
@@ -216,6 +217,7 @@ def get_engine(spec: EngineSpec) -> Any:
         log.info("engine ready in %.1f s (max_model_len %d)", engine.load_seconds, engine.max_model_len)
         _ENGINES[key] = engine
         _stop_at_exit()
+        freeze_more()  # the engine's objects live as long as the process: off the collector's walks (gcheap.py)
         return engine
 
 

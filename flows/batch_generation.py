@@ -22,6 +22,7 @@ from prefect import flow
 from prefect.utilities.annotations import quote
 from pydantic import Field, WithJsonSchema
 
+from batchgen.gcheap import frozen_heap
 from batchgen.generation import first_pass_requests
 from batchgen.heartbeat import heartbeats, quick_heartbeat
 from batchgen.items import LoadedItems
@@ -77,7 +78,7 @@ def batch_generation(
             (docs/job-reference.md lists every field).
     """
     started_at = datetime.now(timezone.utc)
-    with heartbeats():
+    with heartbeats(), frozen_heap():  # batchgen/gcheap.py: collections walk the run's objects only
         spec = resolve_job(job, limit, max_tokens, output_dir, overrides, temperature)
         check_job_task(spec)  # a job mistake stops here, before the engine starts
         with open_publication(spec, preload=False) as publication:  # discarded unless the run publishes it

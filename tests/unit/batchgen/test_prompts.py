@@ -412,3 +412,55 @@ def test_example_jobs_give_the_same_prompts_and_token_ids(job, tokenizer, tmp_pa
 def test_rejections_and_prompts_match_row_for_row(spec, tokenizer):
     items, columns = rows_to_reject()
     compare(items, spec, tokenizer, 512, columns, "name")
+
+
+def _many_items(n: int) -> pd.DataFrame:
+    return make_items([{"id": f"p{i}", "name": f"Mug {i} " + "deluxe " * (i % 7), "feature": f"holds {i} ml ✓"}
+                       for i in range(n)])
+
+
+def test_many_prompts_are_the_chat_template_and_token_ids_of_each_row(tokenizer, monkeypatch):
+    """A batch is rendered by the quick chat template and tokenized a slice per thread: the texts and ids must be
+    apply_chat_template's and the tokenizer's own for every row, in the rows' order."""
+    import batchgen.prompts as prompting
+
+    monkeypatch.setattr(prompting, "tokenize_threads", lambda: 4)
+    items = _many_items(300)
+    spec = PromptSpec(system="You write short product copy.", template="Describe {{ name }}: {{ feature }}.")
+    built = build_prompts(items, spec, tokenizer, 2048, COLUMNS)
+
+    expected = [tokenizer.apply_chat_template(
+        [{"role": "system", "content": "You write short product copy."},
+         {"role": "user", "content": f"Describe {name}: {feature}."}], tokenize=False, add_generation_prompt=True)
+        for name, feature in zip(items["name"], items["feature"])]
+    assert built.prompts["prompt"].tolist() == expected
+    assert built.prompts["prompt_token_ids"].tolist() == [
+        tokenizer(text, add_special_tokens=False).input_ids for text in expected]
+    assert built.prompts["item_id"].tolist() == items["item_id"].tolist()
+
+
+def test_the_quick_chat_template_steps_aside_where_it_differs_from_apply_chat_template(tokenizer, monkeypatch):
+    import batchgen.prompts as prompting
+
+    monkeypatch.setattr(prompting._ChatTemplate, "render", lambda self, messages: "not what transformers renders")
+    items = _many_items(5)
+    built = build_prompts(items, PromptSpec(template="{{ name }}"), tokenizer, 2048, COLUMNS)
+    assert built.prompts["prompt"].tolist() == [
+        tokenizer.apply_chat_template([{"role": "user", "content": name}], tokenize=False, add_generation_prompt=True)
+        for name in items["name"]]
+
+
+def test_a_jobs_chat_template_that_refuses_one_conversation_rejects_only_that_row(tokenizer):
+    """raise_exception in the job's own chat template, rendered by the quick path: that row is rejected with the
+    template's message, the others keep their prompts."""
+    template = ("{% for m in messages %}{% if 'Boom' in m['content'] %}{{ raise_exception('no booms here') }}"
+                "{% endif %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% endif %}")
+    items = make_items([{"id": "p1", "name": "Mug", "feature": "hot"}, {"id": "p2", "name": "Boom", "feature": "x"},
+                        {"id": "p3", "name": "Lamp", "feature": "bright"}])
+    built = build_prompts(items, PromptSpec(template="{{ name }}: {{ feature }}", chat_template=template),
+                          tokenizer, 2048, COLUMNS)
+    assert built.prompts["prompt"].tolist() == ["<user>Mug: hot\n<assistant>", "<user>Lamp: bright\n<assistant>"]
+    [rejection] = built.rejected
+    assert rejection.item_id == "p2" and rejection.reasons == ["template_error"]
+    assert "no booms here" in rejection.detail

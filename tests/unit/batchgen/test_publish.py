@@ -496,3 +496,28 @@ def test_row_rejected_for_an_empty_field_publishes(tmp_path, tokenizer):
     [rejected] = pq.read_table(tmp_path / "out" / "current" / "rejected").to_pylist()
     assert (rejected["item_id"], rejected["reasons"]) == ("p2", ["missing_field"])
     assert {k: rejected[k] for k in ("name", "feature")} == {"name": "Boots", "feature": None}
+
+
+def test_json_lines_hold_each_rows_values_as_json_reads_them():
+    """The JSON-lines mirror (orjson): one line per row, text as UTF-8, lists and structs as JSON, times as text,
+    NaN as null (JSON has no NaN)."""
+    from datetime import datetime, timezone
+
+    from batchgen.publish import _jsonl
+
+    at = datetime(2026, 12, 2, 20, 0, 0, 123456, tzinfo=timezone.utc)
+    table = pa.table({
+        "item_id": ["a", "b"],
+        "text": ["星辰保温杯 \"quoted\"\nnext line", None],
+        "score": [1e-05, float("nan")],
+        "token_ids": [[1, 2, 3], []],
+        "input": [{"name": "Mug", "price": 12}, None],
+        "finished_at": pa.array([at, None], pa.timestamp("us", tz="UTC")),
+    })
+    lines = _jsonl(table).splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"item_id": "a", "text": "星辰保温杯 \"quoted\"\nnext line", "score": 1e-05, "token_ids": [1, 2, 3],
+         "input": {"name": "Mug", "price": 12}, "finished_at": "2026-12-02 20:00:00.123456+00:00"},
+        {"item_id": "b", "text": None, "score": None, "token_ids": [], "input": None, "finished_at": None},
+    ]
+    assert "星辰保温杯" in lines[0]  # not \u-escaped

@@ -11,6 +11,14 @@ from tests.jobs import SPEC
 from tests.sampling import SCHEMA
 
 
+@pytest.fixture(autouse=True, scope="module")
+def gx_context():
+    """GX suites need an active context (validate_rows makes one; these tests build suites on their own)."""
+    import great_expectations as gx
+
+    return gx.get_context(mode="ephemeral")
+
+
 @pytest.mark.parametrize(("text", "ok"), [
     ('{"name": "Mug", "price": 12}', True),
     ('{"name": "Mug", "price": 12, "tags": ["a"]}', True),

@@ -187,3 +187,47 @@ def test_structured_outputs_are_checked_by_an_expectation_of_their_own(constrain
 
     assert verdicts["passed"].tolist() == passed
     assert verdicts["failed"].tolist() == [[] if ok else [constraint] for ok in passed]
+
+
+def test_the_published_result_is_gx_own_json_of_the_validation(monkeypatch):
+    """validate_rows converts GX's result without GX's deep copy of it (result_as_json): the JSON must be what GX's
+    own to_json_dict gives, for failing rows (lists of them) and passing ones alike."""
+    import expectations.validate as validating
+
+    compared, convert = [], validating.result_as_json
+
+    def checked(result):
+        ours = convert(result)
+        assert ours == result.to_json_dict()
+        compared.append(len(ours["results"]))
+        return ours
+
+    monkeypatch.setattr(validating, "result_as_json", checked)
+    rows = pd.DataFrame({
+        "item_id": list(CASES), "candidate": [0] * len(CASES), "attempt": [1] * len(CASES),
+        "text": [c[0] for c in CASES.values()], "finish_reason": [c[1] for c in CASES.values()],
+    })
+    keywords = pd.Series({item: c[2] for item, c in CASES.items()}, dtype="string")
+    validate_rows(rows, SPEC, keywords, suite_name="unit-json")
+    good = rows[rows["item_id"] == "good"]
+    validate_rows(good, SPEC, keywords, suite_name="unit-json")  # the same suite again: this thread's cached one
+    assert compared == [6, 6]
+
+
+def test_each_thread_validates_in_its_own_context_with_the_same_verdicts():
+    """The suite is made once per thread (GX's contexts are not shared between threads); windows validated on
+    several threads at once get the verdicts one thread gives."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rows = pd.DataFrame({
+        "item_id": list(CASES), "candidate": [0] * len(CASES), "attempt": [1] * len(CASES),
+        "text": [c[0] for c in CASES.values()], "finish_reason": [c[1] for c in CASES.values()],
+    })
+    keywords = pd.Series({item: c[2] for item, c in CASES.items()}, dtype="string")
+    alone = validate_rows(rows, SPEC, keywords, suite_name="unit-threads").verdicts
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        together = list(pool.map(lambda _: validate_rows(rows, SPEC, keywords, suite_name="unit-threads").verdicts,
+                                 range(6)))
+    for verdicts in together:
+        assert verdicts["passed"].tolist() == alone["passed"].tolist()
+        assert [sorted(f) for f in verdicts["failed"]] == [sorted(f) for f in alone["failed"]]
