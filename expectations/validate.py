@@ -66,7 +66,7 @@ def validate_rows(rows: pd.DataFrame, spec: ExpectationsSpec, keywords: pd.Serie
         # Row positions, not row keys: GX builds one dict per failing row for unexpected_index_column_names,
         # which cost 4x the whole validation (2,048 rows: 0.28 s against 0.07 s).
         result = batch.validate(suite, result_format={"result_format": "COMPLETE"})
-        keys = frame[ROW_KEY]
+        keys = frame[ROW_KEY].tolist()
         for outcome in result.results:
             name = outcome.expectation_config.meta.get("batchgen_id", outcome.expectation_config.type)
             for position in outcome.result.get("unexpected_index_list") or []:
@@ -139,7 +139,7 @@ def result_as_json(result: Any) -> dict[str, Any]:
     return whole
 
 
-def _bound_lists(result: dict[str, Any], keys: pd.Series) -> None:
+def _bound_lists(result: dict[str, Any], keys: list[str]) -> None:
     """Keep LISTED_ROWS failing rows per expectation in the published result (every row's verdict is in
     attempts), each index as the row's key, as GX writes it with unexpected_index_column_names."""
     for name, cap in [(k, PARTIAL_ROWS) for k in _PARTIAL_LISTS] + [(k, LISTED_ROWS) for k in _FULL_LISTS]:
@@ -148,7 +148,7 @@ def _bound_lists(result: dict[str, Any], keys: pd.Series) -> None:
             continue
         values = values[:cap]
         if name.endswith("index_list"):
-            values = [{ROW_KEY: keys.iat[position]} for position in values]
+            values = [{ROW_KEY: keys[position]} for position in values]
         result[name] = values
 
 
