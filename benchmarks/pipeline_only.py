@@ -169,6 +169,7 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
                 wall = time.perf_counter() - started
                 if profiles is not None:
                     profiles.main.stop()
+        tokenizer_alone = tokenizer_ceiling(job)
         if getattr(engine, "stream", None) is not None:
             engine.stream.close()
         if batchgen.engine.LOADS:
@@ -197,10 +198,32 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
         "peak_rss_during_run_mb": round(rss.peak / MB, 1),
         "peak_rss_mb": round(peak / MB, 1),  # ru_maxrss: the process's peak over its life, warm-up included
         "peak_above_warm_up_mb": round((rss.peak - rss_after_warm_up) / MB, 1),
+        "tokenizer_alone": tokenizer_alone,
     }
     if profiles is not None:
         figures["profile"] = profiles.write(profile_dir, n)
     return figures
+
+
+def tokenizer_ceiling(job: Any) -> dict[str, Any]:
+    """What tokenizing the run's prompts alone takes here, as the flow tokenizes them (batchgen.prompts._token_ids:
+    batches of TOKENIZE_BATCH, a slice per core): the pipeline's items/s cannot pass `items_per_second`, whatever
+    the rest costs. Measured after the run, on the same chat-templated texts."""
+    from batchgen.items import load_items
+    from batchgen.prompts import TOKENIZE_BATCH, _token_ids, build_prompts, tokenize_threads
+    from batchgen.tokenizer import load_tokenizer
+
+    loaded = load_items(job.input)
+    _, tokenizer, max_len = load_tokenizer(job.engine)
+    texts = build_prompts(loaded.items, job.prompt, tokenizer, max_len, loaded.columns).prompts["prompt"].tolist()
+    started = time.perf_counter()
+    tokens = 0
+    for start in range(0, len(texts), TOKENIZE_BATCH):
+        tokens += sum(map(len, _token_ids(tokenizer, texts[start:start + TOKENIZE_BATCH], False)))
+    seconds = time.perf_counter() - started
+    return {"items": len(texts), "seconds": round(seconds, 3), "threads": tokenize_threads(),
+            "items_per_second": round(len(texts) / seconds, 1) if seconds > 0 else None,
+            "prompt_tokens_per_item": round(tokens / max(len(texts), 1), 1)}
 
 
 def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None,
