@@ -100,6 +100,9 @@ def engine_args(spec: EngineSpec, model: ModelRef, cpu: bool) -> dict[str, Any]:
         "seed": spec.seed,
         "tensor_parallel_size": spec.tensor_parallel_size,
         "enforce_eager": cpu if spec.enforce_eager is None else spec.enforce_eager,
+        # Retries ahead of first attempts still waiting (generation.retries_first); requests of equal priority
+        # run first come, first served, as under vLLM's default policy.
+        "scheduling_policy": "priority",
     }
     # On CPU builds vLLM reads gpu_memory_utilization as the share of RAM to reserve (model included)
     # and refuses to start when that much is not free; by default a CPU engine gets a fixed KV size.
@@ -137,9 +140,14 @@ def planned_engine_args(spec: EngineSpec) -> dict[str, Any]:
     return engine_args(spec, resolve_model(spec.model), on_cpu())
 
 
+# Arguments that do not change what a request generates: where the tokenizer is read from, in which order waiting
+# requests are scheduled.
+NOT_IN_IDENTITY = ("tokenizer", "scheduling_policy")
+
+
 def engine_identity(args: dict[str, Any]) -> str:
-    """The engine's part of a request key: its arguments, but where the tokenizer is read from."""
-    return json.dumps({k: v for k, v in args.items() if k != "tokenizer"}, sort_keys=True, default=str)
+    """The engine's part of a request key: its arguments, but those that do not change what a request generates."""
+    return json.dumps({k: v for k, v in args.items() if k not in NOT_IN_IDENTITY}, sort_keys=True, default=str)
 
 
 ENGINE_PROCESSES_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"

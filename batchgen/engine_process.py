@@ -13,7 +13,8 @@ The child is `python -m batchgen.engine_process FD`. It reads the `vllm.LLM` arg
 answers `ready` with what vLLM loaded, then serves until told to stop or until its socket closes (the run's
 process is gone), stopping vLLM before it exits:
 
-    add SUB PROMPTS PARAMS LORAS   -> out SUB [(index, Output), ...] FIRST_ADDED LAST_OUTPUT, as requests finish
+    add SUB PROMPTS PARAMS LORAS PRIORITIES
+                                   -> out SUB [(index, Output), ...] FIRST_ADDED LAST_OUTPUT, as requests finish
                                       (or failed SUB TEXT when the engine dies)
     cancel SUB
     call ID (MODULE, NAME, ARGS)   -> result ID OK VALUE: MODULE.NAME(llm, *ARGS) on the stream's thread once it
@@ -145,7 +146,7 @@ class RemoteStream:
         return self._error is None
 
     def submit(self, prompts: list[Any], params: list[Any], loras: list[Any] | None = None,
-               into: Submission | None = None) -> Submission:
+               into: Submission | None = None, priorities: list[int] | None = None) -> Submission:
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling parameters")
         number = next(self._numbers)
@@ -156,7 +157,7 @@ class RemoteStream:
             with self._lock:
                 self._submissions[number] = submission
             loras = loras if loras and any(lora is not None for lora in loras) else None
-            self._send(("add", number, prompts, params, loras))
+            self._send(("add", number, prompts, params, loras, priorities if priorities and any(priorities) else None))
         return submission
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -336,9 +337,9 @@ class _Server:
                 return
             kind = message[0]
             if kind == "add":
-                _, number, prompts, params, loras = message
+                _, number, prompts, params, loras, priorities = message
                 try:
-                    submission = self.stream.submit(prompts, params, loras)
+                    submission = self.stream.submit(prompts, params, loras, priorities=priorities)
                 except StreamError as exc:  # the engine died earlier
                     self.send(("failed", number, str(exc)))
                     continue

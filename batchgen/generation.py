@@ -248,6 +248,14 @@ def engine_requests(pending: list[tuple[str, GenRequest]], base: dict[str, Any])
     return prompts, params
 
 
+def retries_first(engine: Any) -> bool:
+    """Whether the engine schedules by priority (batchgen builds its engines so, `engine_args`): then a retry
+    goes into the running batch ahead of first attempts still waiting (priority 1 - attempt: 0, -1, -2, ...),
+    so that an item's chain of attempts is not left to run alone at the end of the job."""
+    args = getattr(engine, "args", None) or {}
+    return args.get("scheduling_policy") == "priority"
+
+
 class Ran(NamedTuple):
     rows: list[Attempt]  # every request's attempts, reused ones included
     reused: int  # requests answered from `done`
@@ -342,10 +350,13 @@ def run_requests(
     keep = sampling.logprobs is not None
     keep_prompt = sampling.passthrough.get("prompt_logprobs") is not None
 
+    ranked = retries_first(engine)
+
     def submit(new: list[tuple[str, GenRequest]], into: Any = None) -> Any:
         prompts, params = engine_requests(new, base)
         loras = [lora_request(adapters or {}, request.lora) for _, request in new] if adapters else None
-        return engine.stream.submit(prompts, params, loras, into=into)
+        priorities = [1 - request.attempt for _, request in new] if ranked else None
+        return engine.stream.submit(prompts, params, loras, into=into, priorities=priorities)
 
     submission = submit(pending)
     since = time.perf_counter()

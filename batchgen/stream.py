@@ -50,6 +50,7 @@ class Submission:
         self.stream = stream
         self.prompts, self.params = prompts, params
         self.loras: list[Any] | None = None  # a LoRARequest (or None) per prompt, when any request uses an adapter
+        self.priorities: list[int] | None = None  # vLLM's priority per prompt (lower first), when any is not 0
         self.ids = [f"{tag}-{i}" for i in range(len(prompts))]
         self.total = len(prompts)
         self.received = 0
@@ -132,14 +133,16 @@ class EngineStream:
     # ---------------------------------------------------------------- submitters' side
 
     def submit(self, prompts: list[Any], params: list[Any], loras: list[Any] | None = None,
-               into: Submission | None = None) -> Submission:
+               into: Submission | None = None, priorities: list[int] | None = None) -> Submission:
         """Queue requests (vLLM prompts, e.g. TokensPrompt, and one SamplingParams each, and optionally one
-        LoRARequest or None each); returns at once. `into`: add them to that submission (Submission.join), from
-        the thread that reads it."""
+        LoRARequest or None each, and one vLLM priority each: lower runs first, on an engine built with
+        scheduling_policy "priority"); returns at once. `into`: add them to that submission (Submission.join),
+        from the thread that reads it."""
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling parameters")
         submission = Submission(self, prompts, params, f"bg{next(self._tags)}")
         submission.loras = loras if loras and any(lora is not None for lora in loras) else None
+        submission.priorities = priorities if priorities and any(priorities) else None
         if into is not None:
             submission.join(into)
         if prompts:
@@ -256,19 +259,24 @@ class EngineStream:
             stop = min(start + budget, submission.total)
             if submission.first_added_at is None:
                 submission.first_added_at = time.perf_counter()
+            loras, priorities = submission.loras, submission.priorities
             for index in range(start, stop):
                 request_id = submission.ids[index]
                 self._routes[request_id] = (submission, index)
-                if submission.loras is None:
+                if loras is None and priorities is None:
                     self.engine.add_request(request_id, submission.prompts[index], submission.params[index])
                 else:
-                    self.engine.add_request(request_id, submission.prompts[index], submission.params[index],
-                                            lora_request=submission.loras[index])
+                    extra: dict[str, Any] = {}
+                    if loras is not None:
+                        extra["lora_request"] = loras[index]
+                    if priorities is not None:
+                        extra["priority"] = priorities[index]
+                    self.engine.add_request(request_id, submission.prompts[index], submission.params[index], **extra)
             budget -= stop - start
             if stop == submission.total:
                 self._adding.pop(0)
                 submission.prompts = submission.params = []  # the engine holds its own copies now
-                submission.loras = None
+                submission.loras = submission.priorities = None
             else:
                 self._adding[0] = (submission, stop)
 

@@ -19,9 +19,13 @@ class StandInCore:
         self.per_step = per_step
         self.pending: list[tuple[str, Any, Any]] = []
         self.aborted: list[str] = []
+        self.priorities: dict[str, int] = {}  # as vLLM's priority policy: lower first, then first come
 
-    def add_request(self, request_id: str, prompt: Any, params: Any) -> str:
+    def add_request(self, request_id: str, prompt: Any, params: Any, lora_request: Any = None,
+                    priority: int = 0) -> str:
         self.pending.append((request_id, prompt, params))
+        self.priorities[request_id] = priority
+        self.pending.sort(key=lambda request: self.priorities[request[0]])  # stable: first come within a priority
         return request_id
 
     def has_unfinished_requests(self) -> bool:
@@ -94,6 +98,11 @@ def process_id(llm: Any) -> int:
 def aborted_requests(llm: Any) -> list[str]:
     """For Engine.run: the request ids the stand-in engine core was told to abort."""
     return list(llm.llm_engine.aborted)
+
+
+def priorities_given(llm: Any) -> list[int]:
+    """For Engine.run: the priority of each request the stand-in engine core was given, in the order they came."""
+    return list(llm.llm_engine.priorities.values())
 
 
 def fail(llm: Any, message: str) -> None:

@@ -20,7 +20,7 @@ from batchgen.generation import top_logprobs
 from batchgen.models import ModelRef
 from batchgen.stream import StreamError
 from tests.conftest import ROOT
-from tests.engines import aborted_requests, fail, process_id, thread_names
+from tests.engines import aborted_requests, fail, priorities_given, process_id, thread_names
 
 FACTORY = "tests.engines:ProcessStandInLLM"
 MODEL = ModelRef(name="stand-in", path="/stand-in")
@@ -73,6 +73,13 @@ def test_joined_requests_cross_the_socket_into_their_parents_reader(engine):
     assert sorted(texts) == list(range(6))
     assert sorted(texts[i] for i in range(3, 6)) == ["out 100", "out 101", "out 102"]
     assert sorted(texts[i] for i in range(3)) == ["out 0", "out 1", "out 2"]
+
+
+def test_request_priorities_cross_the_socket(engine):
+    plain = engine.stream.submit(prompts(0, 2), [None] * 2)
+    ranked = engine.stream.submit(prompts(10, 3), [None] * 3, priorities=[0, -1, -2])
+    assert len(list(plain)) == 2 and len(list(ranked)) == 3
+    assert engine.run(priorities_given) == [0, 0, 0, -1, -2]
 
 
 def test_calls_run_in_the_engine_process_and_their_errors_come_back(engine):

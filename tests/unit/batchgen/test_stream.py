@@ -185,3 +185,31 @@ def test_cancel_takes_joined_requests_out_too():
     assert first[0] == 0 and not core.pending
     assert len(set(core.aborted) & set(joined.ids)) >= 15
     stream.close()
+
+
+def test_priorities_reach_the_engine_and_lower_ones_run_first():
+    """Retries go into the engine with a lower priority than first attempts (generation.retries_first): on an engine
+    that schedules by priority, as vLLM's "priority" policy does, they run ahead of first attempts still waiting."""
+    core = SlowCore(per_step=1)
+    joined = threading.Event()
+    plain_check = core.has_unfinished_requests
+
+    def has_unfinished_requests():  # after the first step the stream waits for the follow-ups before it reads its
+        if core.steps:              # inbox, so the order does not rest on timing
+            joined.wait(timeout=30)
+        return plain_check()
+
+    core.has_unfinished_requests = has_unfinished_requests
+    stream = EngineStream(core)
+    submission = stream.submit(prompts(0, 8), [None] * 8)
+    order = []
+    for index, output in submission:
+        order.append(output.outputs[0].text)
+        if index == 0:  # follow-ups of the first output, as retries are, while 7 first attempts wait
+            stream.submit(prompts(100, 2), [None] * 2, into=submission, priorities=[-1, -1])
+            joined.set()
+    assert order[:3] == ["out 0", "out 100", "out 101"]
+    assert order[3:] == [f"out {i}" for i in range(1, 8)]
+    assert [core.priorities[request_id] for request_id in submission.children[0].ids] == [-1, -1]
+    assert {core.priorities[request_id] for request_id in submission.ids} == {0}
+    stream.close()
