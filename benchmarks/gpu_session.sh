@@ -20,6 +20,9 @@
 #              retry pass of the cut-off outputs (--retries)
 #   big_model  benchmarks.big_model: raw vLLM against the flow on an 8B-shaped model (random weights),
 #              2,000 items x 128 tokens
+#   profile16  the `here`-sized comparison at 16 tokens only, under py-spy (every process of the run, each thread,
+#              100 samples/s, collapsed stacks into $LOGS/profile16.txt: where the flow's and the engine front end's
+#              time goes); needs py-spy on PATH (PYSPY=/path/to/py-spy)
 #   pipeline   benchmarks.pipeline_only 20000: the flow with the engine stood in (the host's cost, not the GPU's;
 #              about 2 minutes more, so not by default)
 # A step that fails or runs out of time is reported in session.log; the next step still runs. Each step's log,
@@ -78,6 +81,9 @@ step here 420 "$PY" -m benchmarks.run --front-end here --sizes 10000 --max-token
 step run_batch 540 "$PY" -m benchmarks.run_batch_compare --items 10000 --max-tokens 80 --out "$RES/run-batch"
 step run_batch_retries 560 "$PY" -m benchmarks.run_batch_compare --items 10000 --max-tokens 80 --retries \
   --out "$RES/run-batch"
+step profile16 300 "${PYSPY:-py-spy}" record --subprocesses --threads --rate 100 --format raw \
+  --output "$LOGS/profile16.txt" -- "$PY" -m benchmarks.run --sizes 10000 --max-tokens 16 --hf-items 8 \
+  --serial-items 4 --retry-items 8 --out "$RES/profile16"
 step big_model 240 "$PY" -m benchmarks.big_model --items 2000 --max-tokens 128 --out "$RES"
 if [ -f "$RES/latest.json" ]; then
   step pipeline 150 "$PY" -m benchmarks.pipeline_only 20000 --add-to "$RES"
@@ -90,6 +96,7 @@ if [ "$LOGS" != "$RES" ]; then
     [ -f "$RES/$name" ] && cp "$RES/$name" "$LOGS/$name"
   done
   for name in latest.json latest.md; do
+    [[ $STEPS == *" profile16 "* && -f "$RES/profile16/$name" ]] && cp "$RES/profile16/$name" "$LOGS/profile16-$name"
     [[ $STEPS == *" here "* && -f "$RES/front-end-here/$name" ]] && cp "$RES/front-end-here/$name" "$LOGS/here-$name"
   done
   [[ $STEPS == *" run_batch "* && -f "$RES/run-batch/run_batch.json" ]] && cp "$RES/run-batch/run_batch.json" "$LOGS/"
