@@ -65,6 +65,10 @@ class Engine:
         whole LLM.generate call): the engine is never used from two threads."""
         return self.stream.call(lambda: fn(self.llm, *args))
 
+    def feed(self) -> dict[str, Any]:
+        """The stream's feeding counters (EngineStream.feed)."""
+        return self.stream.feed()
+
     def close(self) -> None:
         if self._stream is not None:
             self._stream.close()

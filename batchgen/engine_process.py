@@ -95,6 +95,14 @@ def plain_output(output: Any) -> Output:
                   _plain_logprobs(getattr(output, "prompt_logprobs", None)))
 
 
+_STREAMS: dict[int, Any] = {}  # id(llm) -> the EngineStream that feeds it, in the engine process
+
+
+def stream_feed(llm: Any) -> dict[str, Any]:
+    """For Engine.run: the feeding counters of the stream that feeds `llm` (EngineStream.feed)."""
+    return _STREAMS[id(llm)].feed()
+
+
 def generate(llm: Any, prompts: list[Any], params: Any) -> list[Output]:
     """`LLM.generate` as plain outputs (for `Engine.run`: `batchgen check --sample`)."""
     return [plain_output(o) for o in llm.generate(prompts, params, use_tqdm=False)]
@@ -298,6 +306,10 @@ class ProcessEngine:
         """fn(llm, *args) in the engine's process once the engine is idle (fn importable at module level)."""
         return self.stream.run(fn, *args)
 
+    def feed(self) -> dict[str, Any]:
+        """The engine process's stream's feeding counters (EngineStream.feed)."""
+        return self.stream.run(stream_feed)
+
     def close(self) -> None:
         """Stop the engine process: vLLM shuts down there; killed if it has not exited in STOP_SECONDS."""
         self.stream.close()
@@ -322,6 +334,7 @@ class _Server:
 
         self.conn, self.llm = conn, llm
         self.stream = EngineStream(llm.llm_engine)
+        _STREAMS[id(llm)] = self.stream
         self.submissions: dict[int, Submission] = {}
         self.send_lock = threading.Lock()
 

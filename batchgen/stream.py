@@ -113,6 +113,24 @@ class Submission:
                 pass
 
 
+def _capacity(engine: Any) -> int | None:
+    """How many requests vLLM's engine runs at once (its scheduler's max_num_seqs), when it says."""
+    scheduler = getattr(getattr(engine, "vllm_config", None), "scheduler_config", None)
+    value = getattr(scheduler, "max_num_seqs", None)
+    return value if isinstance(value, int) else None
+
+
+def feed_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What EngineStream.feed() counted between two readings, with the time-weighted requests in the engine and
+    the share of the stepping time it was full."""
+    delta = {key: after[key] - before[key] for key in ("steps", "busy_seconds", "full_seconds", "request_seconds")}
+    busy = delta["busy_seconds"]
+    delta["capacity"] = after["capacity"]
+    delta["mean_requests"] = delta["request_seconds"] / busy if busy > 0 else None
+    delta["full_share"] = delta["full_seconds"] / busy if busy > 0 and after["capacity"] else None
+    return delta
+
+
 class EngineStream:
     """One thread that feeds and steps one vLLM engine for every submitter in the process."""
 
@@ -129,6 +147,18 @@ class EngineStream:
         self._error: BaseException | None = None
         self.busy_seconds = 0.0  # time the engine had unfinished requests
         self.steps = 0
+        # How well the engine was fed (feed()): the busy time it held at least as many requests as it runs at once
+        # (vLLM's max_num_seqs), and its requests weighted by time
+        self.capacity = _capacity(engine)
+        self.full_seconds = 0.0
+        self.request_seconds = 0.0
+
+    def feed(self) -> dict[str, Any]:
+        """The engine's feeding so far (counters: subtract two readings for a stretch of time): steps, seconds
+        stepping, seconds stepping with at least `capacity` requests in the engine (running and waiting), and
+        request-seconds (their time-weighted count is request_seconds / busy_seconds)."""
+        return {"steps": self.steps, "busy_seconds": self.busy_seconds, "full_seconds": self.full_seconds,
+                "request_seconds": self.request_seconds, "capacity": self.capacity}
 
     # ---------------------------------------------------------------- submitters' side
 
@@ -231,9 +261,14 @@ class EngineStream:
                     message = None
             self._add_some()
             if engine.has_unfinished_requests():
+                held = engine.get_num_unfinished_requests()
                 started = time.perf_counter()
                 outputs = engine.step()
-                self.busy_seconds += time.perf_counter() - started
+                seconds = time.perf_counter() - started
+                self.busy_seconds += seconds
+                self.request_seconds += held * seconds
+                if self.capacity is not None and held >= self.capacity:
+                    self.full_seconds += seconds
                 self.steps += 1
                 self._route(outputs)
 

@@ -23,6 +23,18 @@ SHORT_LABELS = {
 RATIO_KEYS = ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_raw_vs_serial", "ratio_flow_vs_hf")
 
 
+
+def feed_sentence(feed: dict[str, Any] | None, generate_seconds: float) -> str:
+    """How full the flow kept the engine (batchgen.stream.EngineStream.feed over the flow's run)."""
+    if not feed or not feed.get("busy_seconds"):
+        return ""
+    text = (f" The engine stepped {feed['busy_seconds']:.1f} s of the generate task's {generate_seconds:.1f} s "
+            f"({feed['steps']:,} steps), holding {feed['mean_requests']:,.0f} requests on average")
+    if feed.get("capacity"):
+        text += (f"; it held at least its max_num_seqs ({feed['capacity']:,}) for "
+                 f"{feed['full_seconds']:.1f} s ({100 * feed['full_share']:.0f}% of its steps' time)")
+    return text + "."
+
 def _num(value: Any, digits: int = 1) -> str:
     if value is None:
         return "–"
@@ -103,7 +115,7 @@ def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "")
             + ". While the engine had requests it made "
             f"{_num(over['engine_calls_output_tokens_per_second'])} output tokens/s "
             f"(results committed in {over['engine_calls']} batch(es) of at most {config['chunk_size']}; raw vLLM: "
-            "one call).",
+            "one call)." + feed_sentence(over.get("engine_feed"), over["generate_seconds"]),
             "",
             "Ratios (output tokens/s): " + ", ".join(f"`{k}` = {_num(entry[k], 3)}" for k in RATIO_KEYS) + ".",
             "",

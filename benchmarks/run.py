@@ -460,6 +460,10 @@ def time_report(out: Path) -> float:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def rounded(figures: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if figures is None else {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
+
+
 def run_flow(job: Any, memory: TreeMemory, prompt_ids: dict[str, list[int]] | None = None) -> dict[str, Any]:
     """(a) The flow, in-process, end to end; returns the figures of the flow and of its generation stage."""
     import pandas as pd
@@ -469,11 +473,15 @@ def run_flow(job: Any, memory: TreeMemory, prompt_ids: dict[str, list[int]] | No
     out = Path(job.output.dir)
     if out.exists() and any(out.iterdir()):
         raise RuntimeError(f"{out} is not empty: the flow would reuse committed results")
+    from batchgen.stream import feed_delta
+
+    feed_before = engine_feed(job)
     with memory.phase() as mem:
         called_at = time.time()
         started = time.perf_counter()
         manifest = batch_generation(job)
         wall = time.perf_counter() - started
+    feed = None if feed_before is None else feed_delta(feed_before, engine_feed(job))
 
     counts, timings = manifest["counts"], manifest["timings_seconds"]
     items, tokens = counts["items"], manifest["tokens"]["generated_this_run"]
@@ -499,7 +507,17 @@ def run_flow(job: Any, memory: TreeMemory, prompt_ids: dict[str, list[int]] | No
                                 note="the flow's generation in the same run (manifest timings_seconds.generate)",
                                 first_result_basis=basis["generation"])
     return {"flow": flow, "generation": generation, "manifest": manifest, "attempts": attempts,
-            "prompts_identical": identical, "wall": wall, "engine_chunks": int(attempts["chunk_seconds"].nunique())}
+            "prompts_identical": identical, "wall": wall, "engine_chunks": int(attempts["chunk_seconds"].nunique()),
+            "engine_feed": feed}
+
+
+def engine_feed(job: Any) -> dict[str, Any] | None:
+    """The feeding counters of the job's engine's stream (batchgen.stream.EngineStream.feed), when the process has
+    built that engine already (the benchmark builds it first and every method shares it)."""
+    from batchgen.engine import loaded_engine
+
+    engine = loaded_engine(job.engine)
+    return None if engine is None else engine.feed()
 
 
 def first_request_from_attempts(attempts: Any, body_started: float) -> float | None:
@@ -773,6 +791,9 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
                 "engine_calls": run["engine_chunks"],
                 "engine_calls_output_tokens_per_second": round(flow["output_tokens"] / engine_calls, 2)
                 if engine_calls else None,
+                # how full the engine was kept while the flow ran: seconds stepping, of which with at least
+                # max_num_seqs requests in it, and its time-weighted count of requests
+                "engine_feed": rounded(run["engine_feed"]),
             },
             "ratio_flow_vs_raw": methods["flow"]["ratio_vs_raw"],
             "ratio_generation_vs_raw": methods["generation"]["ratio_vs_raw"],

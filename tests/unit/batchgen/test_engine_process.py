@@ -80,6 +80,8 @@ def test_request_priorities_cross_the_socket(engine):
     ranked = engine.stream.submit(prompts(10, 3), [None] * 3, priorities=[0, -1, -2])
     assert len(list(plain)) == 2 and len(list(ranked)) == 3
     assert engine.run(priorities_given) == [0, 0, 0, -1, -2]
+    feed = engine.feed()  # the engine process's stream's counters, read across the socket
+    assert feed["steps"] >= 2 and feed["busy_seconds"] > 0 and feed["request_seconds"] > 0
 
 
 def test_calls_run_in_the_engine_process_and_their_errors_come_back(engine):

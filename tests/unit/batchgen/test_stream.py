@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from batchgen.stream import EngineStream, StreamError
+from batchgen.stream import EngineStream, StreamError, feed_delta
 from tests.engines import StandInCore
 
 
@@ -213,3 +213,18 @@ def test_priorities_reach_the_engine_and_lower_ones_run_first():
     assert [core.priorities[request_id] for request_id in submission.children[0].ids] == [-1, -1]
     assert {core.priorities[request_id] for request_id in submission.ids} == {0}
     stream.close()
+
+
+def test_feed_counts_the_stepping_time_the_engine_held_a_full_batch():
+    core = SlowCore(per_step=4, seconds=0.02)
+    core.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=4))
+    stream = EngineStream(core)
+    before = stream.feed()
+    assert before["capacity"] == 4
+    assert len(list(stream.submit(prompts(0, 10), [None] * 10))) == 10
+    feed = feed_delta(before, stream.feed())
+    stream.close()
+    # three steps holding 10, 6 and 2 requests: the first two full (4 at once), the last not
+    assert feed["steps"] == 3 and [len(step) for step in core.steps] == [4, 4, 2]
+    assert 0.5 < feed["full_share"] < 0.8 and feed["full_seconds"] < feed["busy_seconds"]
+    assert 4 < feed["mean_requests"] < 8
