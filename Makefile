@@ -63,8 +63,10 @@ bench-2000: setup examples/data/products.csv
 	$(PY) -m benchmarks.run --sizes 2000 --max-tokens 16 --serial-items 16 --hf-items 32 --retry-items 16 \
 		--out benchmarks/results/scale-2000
 
+# Test files spread over two processes (pytest-xdist; one process on a single core): the engine's tests wait on
+# subprocesses, servers and workers much of the time.
 test: setup browser
-	$(PY) -m pytest
+	$(PY) -m pytest --numprocesses auto --maxprocesses 2 --dist loadfile
 
 test-fast: setup
 	$(PY) -m pytest -m "not engine"

@@ -23,6 +23,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(ROOT / "examples"))
 
 
+@pytest.fixture(autouse=True)
+def _environment_as_it_was():
+    """Each test leaves the environment as it found it: the command line run in-process quiets libraries through
+    environment variables (batchgen.cli), which would otherwise reach every later test's subprocesses (a Prefect
+    worker logging warnings only), and test modules run in any order under pytest-xdist."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def prefect_server():
     """A temporary Prefect server (SQLite) for every flow run in the session."""
