@@ -188,18 +188,24 @@ def render_markdown(result: dict[str, Any]) -> str:
         ]
         variants = with_retries.get("variants") or {}
         if len(variants) > 1:
-            lines += ["The same job in one run, its retries made three ways: in the generate task's stream (the "
-                      "default), in retry passes after each window's validation (`retry.in_stream: false`), and "
-                      "with `retry.strategy: continue` in the stream.", "",
+            lines += ["The same job in one run, its retries made in several ways: in the generate task's stream "
+                      "(the default: each retry enters the engine ahead of the first attempts still waiting), in "
+                      "retry passes after each window's validation (`retry.in_stream: false`), with "
+                      "`retry.strategy: continue` in the stream, and in the stream but behind the first attempts "
+                      "still waiting (`in_stream_first_come`: every request at priority 0, as under vLLM's default "
+                      "policy). Engine full: the share of the engine's stepping time it held at least max_num_seqs "
+                      "requests.", "",
                       "| retries | job s | raw first pass s | raw / job | output tokens (raw's first pass) "
-                      "| retry attempts | accepted | rejected |",
-                      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                      "| retry attempts | accepted | rejected | engine full |",
+                      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
             for name, v in variants.items():
+                feed = v.get("engine_feed") or {}
+                full = f"{100 * feed['full_share']:.0f}%" if feed.get("full_share") is not None else "n/a"
                 lines.append(
                     f"| {name} | {_num(v['job_wall_seconds'])} | {_num(v['raw_first_pass_seconds'])} "
                     f"| {_num(v['ratio_job_with_retries_vs_raw_first_pass'], 3)} | {v['output_tokens']:,} "
                     f"({v.get('raw_first_pass_output_tokens') or 0:,}) | {v['retry_attempts']} | {v['accepted']:,} "
-                    f"| {v['rejected']:,} |")
+                    f"| {v['rejected']:,} | {full} |")
             lines.append("")
 
     retry = result.get("retry_strategies")

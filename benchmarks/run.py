@@ -559,7 +559,25 @@ def first_results(timings: dict[str, float], body_started: float, called_at: flo
 
 # The whole job with retries on: the example job's retry settings as they are (cut-off outputs retried in the
 # generate task's stream), then the same in retry passes after validation, then `continue` in the stream.
-RETRY_VARIANTS = {"in_stream": {}, "passes": {"in_stream": False}, "continue_in_stream": {"strategy": "continue"}}
+RETRY_VARIANTS = {"in_stream": {}, "passes": {"in_stream": False}, "continue_in_stream": {"strategy": "continue"},
+                  "in_stream_first_come": {}}
+# Variants whose retries join the engine's queue behind the first attempts still waiting (priority 0 for every
+# attempt, as under vLLM's default first-come-first-served policy) instead of ahead of them: the same engine, so
+# the difference is batchgen.generation.retries_first alone.
+FIRST_COME = {"in_stream_first_come"}
+
+
+@contextmanager
+def retries_first_come(on: bool) -> Iterator[None]:
+    import batchgen.generation as generation
+
+    original = generation.retries_first
+    if on:
+        generation.retries_first = lambda engine: False
+    try:
+        yield
+    finally:
+        generation.retries_first = original
 
 
 def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_tokens: int, raw: dict[str, Any],
@@ -575,8 +593,9 @@ def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_token
         retry = {**example, **change}
         log(f"(a') the flow on {n} items, max_tokens {max_tokens}, with retries {retry}")
         cold_prefix_cache(engine)
-        run = run_flow(bench_job(products, cfg.work / f"out-{n}-{max_tokens}-retries-{name}", max_tokens,
-                                 retry=retry), memory)
+        with retries_first_come(name in FIRST_COME):
+            run = run_flow(bench_job(products, cfg.work / f"out-{n}-{max_tokens}-retries-{name}", max_tokens,
+                                     retry=retry), memory)
         counts, flow = run["manifest"]["counts"], run["flow"]
         ratio_job = ratio(raw["wall_seconds"], flow["wall_seconds"])
         log(f"with retries ({name}): job {flow['wall_seconds']} s against raw first pass {raw['wall_seconds']} s "
@@ -587,7 +606,8 @@ def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_token
             "raw_first_pass_output_tokens": raw["output_tokens"], "retry_attempts": counts.get("retry_attempts"),
             "accepted": counts["accepted"], "rejected": counts["rejected"],
             "rejected_by_reason": counts["rejected_by_reason"],
-            "generate_seconds": run["manifest"]["timings_seconds"]["generate"]}
+            "generate_seconds": run["manifest"]["timings_seconds"]["generate"],
+            "engine_feed": rounded(run["engine_feed"])}
     return {**variants["in_stream"], "variants": variants}
 
 
