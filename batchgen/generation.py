@@ -248,6 +248,14 @@ def engine_requests(pending: list[tuple[str, GenRequest]], base: dict[str, Any])
     return prompts, params
 
 
+FOLLOW_UP_COMMIT_SECONDS = 0.25  # the longest a cut-off output waits for its commit (and its retry to be sent)
+
+
+def cut_off(output: Any) -> bool:
+    """Whether a vLLM RequestOutput has a completion cut off by max_tokens (one a stream retry follows up)."""
+    return any(completion.finish_reason == "length" for completion in output.outputs)
+
+
 def retries_first(engine: Any) -> bool:
     """Whether the engine schedules by priority (batchgen builds its engines so, `engine_args`): then a retry
     goes into the running batch ahead of first attempts still waiting (priority 1 - attempt: 0, -1, -2, ...),
@@ -360,8 +368,12 @@ def run_requests(
 
     submission = submit(pending)
     since = time.perf_counter()
+    # A cut-off output's follow-up is sent once the output is committed: its batch is committed within
+    # FOLLOW_UP_COMMIT_SECONDS, not after commit_seconds (10 s by default), so retries join the stream at once.
+    urgent = cut_off if follow_up is not None else None
     try:
-        for batch in submission.batches(commit_every, commit_seconds):
+        for batch in submission.batches(commit_every, commit_seconds, urgent,
+                                        min(commit_seconds, FOLLOW_UP_COMMIT_SECONDS)):
             now = time.perf_counter()
             seconds, since = now - since, now
             finished_at = datetime.now(timezone.utc)

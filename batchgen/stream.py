@@ -78,8 +78,11 @@ class Submission:
             self.received += 1
             yield got
 
-    def batches(self, max_items: int, max_seconds: float) -> Iterator[list[tuple[int, Any]]]:
-        """Finished outputs in batches: whatever is there after `max_seconds`, or `max_items`, whichever first."""
+    def batches(self, max_items: int, max_seconds: float, urgent: Callable[[Any], bool] | None = None,
+                urgent_seconds: float = 0.0) -> Iterator[list[tuple[int, Any]]]:
+        """Finished outputs in batches: whatever is there after `max_seconds`, or `max_items`, whichever first; a
+        batch holding an output for which `urgent(output)` is true waits at most `urgent_seconds` more (an output
+        whose follow-up request waits for its batch)."""
         batch: list[tuple[int, Any]] = []
         deadline = time.monotonic() + max_seconds
         while self.received < self.total:
@@ -93,6 +96,8 @@ class Submission:
             if got is not None:
                 self.received += 1
                 batch.append(got)
+                if urgent is not None and urgent(got[1]):
+                    deadline = min(deadline, time.monotonic() + urgent_seconds)
             if batch and (len(batch) >= max_items or time.monotonic() >= deadline or self.received == self.total):
                 yield batch
                 batch = []

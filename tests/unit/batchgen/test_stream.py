@@ -228,3 +228,19 @@ def test_feed_counts_the_stepping_time_the_engine_held_a_full_batch():
     assert feed["steps"] == 3 and [len(step) for step in core.steps] == [4, 4, 2]
     assert 0.5 < feed["full_share"] < 0.8 and feed["full_seconds"] < feed["busy_seconds"]
     assert 4 < feed["mean_requests"] < 8
+
+
+def test_a_batch_holding_an_urgent_output_is_handed_over_within_its_shorter_wait():
+    core = SlowCore(per_step=1, seconds=0.05)
+    stream = EngineStream(core)
+    submission = stream.submit(prompts(0, 6), [None] * 6)
+    started = time.monotonic()
+    waits = []
+    for batch in submission.batches(1000, 60.0, urgent=lambda output: output.outputs[0].text == "out 1",
+                                    urgent_seconds=0.1):
+        waits.append((sorted(index for index, _ in batch), time.monotonic() - started))
+    stream.close()
+    # the batch that got output 1 went out ~0.1 s later, not after 60 s; the rest when the submission was done
+    first = waits[0]
+    assert 1 in first[0] and first[1] < 5 and len(waits) >= 2
+    assert sorted(i for indices, _ in waits for i in indices) == list(range(6))
