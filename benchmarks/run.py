@@ -79,6 +79,7 @@ class Config:
     memory_max_tokens: int
     pipeline_sizes: list[int] = field(default_factory=list)
     with_retries: bool = False
+    retry_variants: list[str] = field(default_factory=list)
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="batchgen-bench-")))
 
     @property
@@ -131,6 +132,9 @@ def parse_args(argv: list[str] | None) -> Config:
                         help="also run the flow at the largest size and the headline max_tokens with the example "
                              "job's retry passes on, and compare the whole job with raw vLLM's first pass alone "
                              "(ratio_job_with_retries_vs_raw_first_pass)")
+    parser.add_argument("--retry-variants", nargs="+", choices=list(RETRY_VARIANTS), default=list(RETRY_VARIANTS),
+                        help="with --with-retries: the ways of retrying to run (default: all; in_stream, the example "
+                             "job's own, always runs first and gives the headline ratio)")
     parser.add_argument("--front-end", choices=("auto", "process", "here"), default="auto",
                         help="where vLLM's front end and the engine stream run, for every method (engine."
                              "front_end_process): auto (a process of its own on GPUs, the run's process on CPU "
@@ -156,7 +160,8 @@ def parse_args(argv: list[str] | None) -> Config:
                     retry_passes=base["retry_passes"], memory=args.memory, memory_sizes=memory_sizes,
                     memory_max_tokens=base["memory_max_tokens"],
                     pipeline_sizes=_int_list(args.pipeline_sizes) if args.pipeline_sizes else [],
-                    with_retries=args.with_retries)
+                    with_retries=args.with_retries,
+                    retry_variants=["in_stream"] + [v for v in args.retry_variants if v != "in_stream"])
     if min(config.max_tokens_list) < 1:
         parser.error("--max-tokens must be at least 1")
     if args.front_end != "auto":
@@ -589,8 +594,8 @@ def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_token
 
     example = yaml.safe_load(JOB_FILE.read_text(encoding="utf-8"))["retry"]
     variants: dict[str, Any] = {}
-    for name, change in RETRY_VARIANTS.items():
-        retry = {**example, **change}
+    for name in cfg.retry_variants or list(RETRY_VARIANTS):
+        retry = {**example, **RETRY_VARIANTS[name]}
         log(f"(a') the flow on {n} items, max_tokens {max_tokens}, with retries {retry}")
         cold_prefix_cache(engine)
         with retries_first_come(name in FIRST_COME):
