@@ -539,7 +539,8 @@ class JobSpec(_Section):
         "loses at most the uncommitted ones."
     )
     commit_seconds: float = Field(
-        10.0, gt=0, description="Longest time finished outputs wait before they are committed to disk."
+        10.0, gt=0, description="Longest time finished outputs wait before they are committed to disk (a cut-off "
+        "output whose retry follows in the stream waits at most 0.25 s: its retry is sent once it is committed)."
     )
     window_size: int = Field(
         2048, ge=1, description="Items in flight: prompts, generation, validation, retries and staging run a "
