@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_session.sh                  # results into benchmarks/results/gpu-h200 (or gpu-<device>)
 #   OUT=/some/dir SESSION_SECONDS=500 bash benchmarks/gpu_session.sh
 #   STEPS="run big_model pipeline" bash benchmarks/gpu_session.sh   # the steps to run (default: run big_model)
+#   RUN_EXTRA="--retry-variants in_stream continue_in_stream" ...   # more arguments for the `run` step
 #
 # Steps, each under a time limit (its cap, or what is left of SESSION_SECONDS, default 540):
 #   run        benchmarks.run: 10,000 items at max_tokens 80 and 16 with one engine; HF transformers on 256 items
@@ -75,7 +76,7 @@ step() {  # step NAME CAP_SECONDS COMMAND...: run COMMAND with its output in $LO
 }
 
 step run 570 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 16 --hf-items 256 --hf-batch-size 64 \
-  --serial-items 32 --retry-items 64 --with-retries --out "$RES"
+  --serial-items 32 --retry-items 64 --with-retries ${RUN_EXTRA:-} --out "$RES"
 step here 420 "$PY" -m benchmarks.run --front-end here --sizes 10000 --max-tokens 80 16 --hf-items 8 \
   --serial-items 4 --retry-items 8 --out "$RES/front-end-here"
 step run_batch 540 "$PY" -m benchmarks.run_batch_compare --items 10000 --max-tokens 80 --out "$RES/run-batch"
