@@ -261,6 +261,9 @@ def test_overlapping_windows_feed_one_engine_and_publish_each_item_once(tmp_path
 
     engine.llm.llm_engine.step = step
     monkeypatch.setattr("tasks.generate.get_engine", lambda spec: engine)
+    # Cut-off outputs committed with the first pass's last ones (not within 0.25 s each), so that a window's
+    # retries are still running when its first pass is done and the next window's first pass comes in.
+    monkeypatch.setattr("batchgen.generation.FOLLOW_UP_COMMIT_SECONDS", 3600.0)
 
     def run(in_flight: int, out: str) -> tuple[dict, pd.DataFrame]:
         job = job_from_dict(product_job(tmp_path, 30, expectations={"keyword_column": None}, retry={"max_passes": 1},

@@ -83,13 +83,13 @@ COUNTED = {"items": 3, "accepted": 2, "rejected": 1, "generated_items": 3, "trun
 
 
 def test_manifest_records_prompt_input_model_software_and_code(tmp_path, hash_cache):
-    from tests.unit.conftest import MODEL_DIR
+    from tests.unit.conftest import cached_default_model
 
     data = tmp_path / "items.csv"
     data.write_text("id,name\n1,Mug\n2,Lamp\n3,Kettle\n", encoding="utf-8")
     model = tmp_path / "model"
     model.mkdir()
-    for path in MODEL_DIR.iterdir():  # the default model's files, linked rather than copied (500 MB)
+    for path in cached_default_model().iterdir():  # the default model's files, linked rather than copied (500 MB)
         (model / path.name).symlink_to(path)
     job = job_from_dict({
         "input": {"path": str(data), "id_column": "id"},

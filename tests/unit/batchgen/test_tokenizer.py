@@ -11,15 +11,12 @@ import pytest
 from batchgen.job import EngineSpec
 from batchgen.models import ModelError
 from batchgen.tokenizer import load_tokenizer
-from tests.unit.conftest import MODEL_DIR
+from tests.unit.conftest import MODEL_DIR, cached_default_model
 
 
 @pytest.fixture(scope="module")
 def config() -> dict:
-    path = MODEL_DIR / "config.json"
-    if not path.is_file():
-        pytest.fail(f"the default model is not cached at {MODEL_DIR}; set BATCHGEN_CACHE")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return json.loads((cached_default_model() / "config.json").read_text(encoding="utf-8"))
 
 
 def test_the_default_model_gives_its_folder_tokenizer_and_own_context_length(config):
