@@ -12,7 +12,7 @@ export BATCHGEN_CACHE ?= $(CURDIR)/.cache
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export GX_ANALYTICS_ENABLED ?= false
 
-.PHONY: setup setup-gpu browser demo demo-zh test test-fast check bench bench-2000 clean
+.PHONY: setup setup-gpu browser demo demo-zh test test-parallel test-fast check bench bench-2000 clean
 
 setup: $(STAMP)
 
@@ -63,9 +63,11 @@ bench-2000: setup examples/data/products.csv
 	$(PY) -m benchmarks.run --sizes 2000 --max-tokens 16 --serial-items 16 --hf-items 32 --retry-items 16 \
 		--out benchmarks/results/scale-2000
 
-# Test files spread over two processes (pytest-xdist; one process on a single core): the engine's tests wait on
-# subprocesses, servers and workers much of the time.
+# One process: the shard test failed when test files ran in two processes (pytest-xdist; `make test-parallel`).
 test: setup browser
+	$(PY) -m pytest
+
+test-parallel: setup browser
 	$(PY) -m pytest --numprocesses auto --maxprocesses 2 --dist loadfile
 
 test-fast: setup
