@@ -3,6 +3,7 @@ answers a batch like `LLM.generate`. The proof that generation works is the end-
 
 from __future__ import annotations
 
+import bisect
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -23,9 +24,9 @@ class StandInCore:
 
     def add_request(self, request_id: str, prompt: Any, params: Any, lora_request: Any = None,
                     priority: int = 0) -> str:
-        self.pending.append((request_id, prompt, params))
         self.priorities[request_id] = priority
-        self.pending.sort(key=lambda request: self.priorities[request[0]])  # stable: first come within a priority
+        # after every request of the same or a lower priority: first come within a priority
+        bisect.insort_right(self.pending, (request_id, prompt, params), key=lambda request: self.priorities[request[0]])
         return request_id
 
     def has_unfinished_requests(self) -> bool:
