@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SIZES = [20000, 100000]
 MAX_TOKENS = 4
 TARGET_ITEMS_PER_S = 20000
+MEASURED_RUN = "pipeline only: the measured run starts"  # on stderr (benchmarks.run --beside-pipeline waits for it)
 MB = 2**20
 
 
@@ -130,6 +131,26 @@ class WindowProfiles:
         return written
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU time (user + system) so far of this process and each of its living children, by group (main, and the
+    children as benchmarks.run groups them: prefect_server, engine, other): what the pipeline asks of the host's
+    cores beside the engine's own processes."""
+    import psutil
+
+    from benchmarks.run import _group
+
+    me = psutil.Process()
+    spent = {"main": sum(me.cpu_times()[:2])}
+    for child in me.children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:
+            continue
+        group = _group(child)
+        spent[group] = spent.get(group, 0.0) + times.user + times.system
+    return spent
+
+
 def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight: int | None = None) -> dict[str, Any]:
     """One size, in this process: a warm-up run of 8 items, then the measured run of n items; `in_flight`: the
     jobs' windows_in_flight (default: the flow's own, 1 on CPU builds; 3 is what a GPU runs with)."""
@@ -164,9 +185,12 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
             with PeakRss() as rss:
                 if profiles is not None:
                     profiles.main.start()
+                bench.log(MEASURED_RUN)
+                cpu_before = cpu_seconds()
                 started = time.perf_counter()
                 manifest = batch_generation(job)
                 wall = time.perf_counter() - started
+                cpu_after = cpu_seconds()
                 if profiles is not None:
                     profiles.main.stop()
         tokenizer_alone = tokenizer_ceiling(job)
@@ -194,6 +218,8 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
                    "steps": llm.llm_engine.steps},
         "timings_seconds": {k: round(v, 3) for k, v in timings.items()},
         "publish_and_rest_seconds": round(wall - timings.get("total_before_publish", wall), 3),
+        # CPU seconds of the measured run by process group (children living at both ends): cores it kept busy
+        "cpu_seconds": {group: round(cpu_after[group] - cpu_before.get(group, 0.0), 2) for group in cpu_after},
         "rss_after_warm_up_mb": round(rss_after_warm_up / MB, 1),
         "peak_rss_during_run_mb": round(rss.peak / MB, 1),
         "peak_rss_mb": round(peak / MB, 1),  # ru_maxrss: the process's peak over its life, warm-up included

@@ -43,6 +43,13 @@ def _num(value: Any, digits: int = 1) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def _cpu(seconds: dict[str, float] | None) -> str:
+    """CPU seconds by process group: the flow's process, plus the Prefect server's."""
+    if not seconds:
+        return "–"
+    return f"{seconds.get('main', 0):.1f} + {seconds.get('prefect_server', 0):.1f}"
+
+
 def _mb(value: Any) -> str:
     return "–" if value is None else f"{value:,.0f}"
 
@@ -88,6 +95,22 @@ def _machine_line(result: dict[str, Any]) -> str:
             "noisier). " + ", ".join(f"{k} {v}" for k, v in versions.items() if k in shown) + ".")
 
 
+def repeats_lines(pairs: list[dict[str, Any]] | None) -> list[str]:
+    """The table of --repeats: each pair of raw vLLM and the flow, in the order they ran."""
+    if not pairs:
+        return []
+    lines = [f"Repeats: {len(pairs)} pairs, raw vLLM and the flow one after the other, alternating which went "
+             "first; the ratios above are the medians of the pairs' ratios, the table above is the median pair's.",
+             "", "| pair | raw tok/s | raw wall s | flow tok/s | flow wall s | generation tok/s | flow / raw "
+             "| generation / raw |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for number, p in enumerate(pairs, start=1):
+        lines.append(f"| {number} | {_num(p['raw_output_tokens_per_second'])} | {_num(p['raw_wall_seconds'])} "
+                     f"| {_num(p['flow_output_tokens_per_second'])} | {_num(p['flow_wall_seconds'])} "
+                     f"| {_num(p['generation_output_tokens_per_second'])} | {_num(p['ratio_flow_vs_raw'], 3)} "
+                     f"| {_num(p['ratio_generation_vs_raw'], 3)} |")
+    return lines + [""]
+
+
 def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "") -> list[str]:
     """The tables of one max_tokens setting: one per size, the marginal overhead, the ratios at the largest size."""
     lines: list[str] = []
@@ -120,6 +143,18 @@ def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "")
             "Ratios (output tokens/s): " + ", ".join(f"`{k}` = {_num(entry[k], 3)}" for k in RATIO_KEYS) + ".",
             "",
         ]
+        lines += repeats_lines(entry.get("repeats"))
+        beside = entry.get("raw_beside_pipeline")
+        if beside:
+            b = beside["beside"]
+            lines += [f"Raw vLLM beside the pipeline: {_num(beside['output_tokens_per_second'])} output tokens/s "
+                      f"while `benchmarks.pipeline_only` ran the flow on {b['pipeline_items']:,} items with its "
+                      f"engine stood in, in a process of its own ({_num(b['pipeline_items_per_second'])} items/s, "
+                      f"covering {_num(100 * (b['overlap'] or 0), 0)}% of raw's call; CPU seconds "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in (b.get('pipeline_cpu_seconds') or {}).items())
+                      + f"): **{_num(beside['ratio_vs_raw_alone'], 3)}** of raw alone (the median of the pairs). "
+                      "The stand-in pipeline runs as fast as the host lets it, asking more of the host than the flow "
+                      "does while its engine generates.", ""]
     marginal = case.get("pipeline_overhead_marginal")
     if marginal and marginal["per_item_ms"] <= 0:
         small, large = marginal["between_items"]
@@ -183,7 +218,15 @@ def render_markdown(result: dict[str, Any]) -> str:
             f"({with_retries['accepted']:,} accepted, {with_retries['rejected']:,} rejected); raw vLLM's one "
             f"`LLM.generate` call, retries off: {_num(with_retries['raw_first_pass_seconds'])} s. "
             f"`ratio_job_with_retries_vs_raw_first_pass` = raw / job = "
-            f"**{_num(with_retries['ratio_job_with_retries_vs_raw_first_pass'], 3)}** (target: at least 1/1.10 = 0.909).",
+            f"**{_num(with_retries['ratio_job_with_retries_vs_raw_first_pass'], 3)}** (target: at least 1/1.10 = 0.909)."
+            + (f" The job generated {with_retries['output_tokens']:,} output tokens against raw's "
+               f"{with_retries['raw_first_pass_output_tokens']:,}: at raw vLLM's own rate they take "
+               f"{_num(with_retries['output_tokens'] / with_retries['raw_first_pass_output_tokens'], 3)}x raw's "
+               f"time; the job's output tokens/s were "
+               f"**{_num(with_retries['ratio_job_tokens_per_s_vs_raw'], 3)}** of raw's "
+               "(`ratio_job_tokens_per_s_vs_raw`)."
+               if with_retries.get("ratio_job_tokens_per_s_vs_raw") and
+               with_retries.get("raw_first_pass_output_tokens") else ""),
             "",
         ]
         variants = with_retries.get("variants") or {}
@@ -363,8 +406,8 @@ def render_pipeline_only(section: dict[str, Any], heading: str = "## The pipelin
         "",
         "| items | wall (s) | **items/s** | load and prompts (s) | generate (s) | validate and stage (s) "
         "| publish and rest (s) | accepted + rejected | after warm-up | peak during the run | peak above warm-up "
-        "| tokenizer alone (items/s) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| tokenizer alone (items/s) | CPU s (flow's process + Prefect server) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for size in sizes:
         m = section["sizes"][size]
@@ -374,7 +417,8 @@ def render_pipeline_only(section: dict[str, Any], heading: str = "## The pipelin
             f"| {_num(t.get('load_and_prompts'))} | {_num(t.get('generate'))} | {_num(t.get('validate_and_stage'))} "
             f"| {_num(m.get('publish_and_rest_seconds'))} | {m['accepted']:,} + {m['rejected']:,} "
             f"| {_mb(m['rss_after_warm_up_mb'])} | {_mb(m['peak_rss_during_run_mb'])} "
-            f"| {_mb(m['peak_above_warm_up_mb'])} | {_num((m.get('tokenizer_alone') or {}).get('items_per_second'), 0)} |")
+            f"| {_mb(m['peak_above_warm_up_mb'])} | {_num((m.get('tokenizer_alone') or {}).get('items_per_second'), 0)} "
+            f"| {_cpu(m.get('cpu_seconds'))} |")
     lines += ["", f"`pipeline_items_per_s` = **{_num(section['pipeline_items_per_s'], 0)}** at "
                   f"{section['largest_size']:,} items (target {section['target_items_per_s']:,} at every size: "
                   f"{'met' if section['meets_target'] else 'missed'})."

@@ -37,6 +37,7 @@ import math
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,6 +81,8 @@ class Config:
     pipeline_sizes: list[int] = field(default_factory=list)
     with_retries: bool = False
     retry_variants: list[str] = field(default_factory=list)
+    repeats: int = 1
+    beside_pipeline: int = 0  # items of the stand-in pipeline run beside raw vLLM (0: not measured)
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="batchgen-bench-")))
 
     @property
@@ -139,6 +142,15 @@ def parse_args(argv: list[str] | None) -> Config:
                         help="where vLLM's front end and the engine stream run, for every method (engine."
                              "front_end_process): auto (a process of its own on GPUs, the run's process on CPU "
                              "builds), process, or here (the run's process)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run raw vLLM and the flow this many times at each size, alternating which goes first "
+                             "(raw, flow; flow, raw; ...): the ratios are the medians of the pairs' ratios, the "
+                             "tables the median pair's (default 1; on a shared host 3 or more)")
+    parser.add_argument("--beside-pipeline", type=int, default=0, metavar="ITEMS",
+                        help="at the largest size, also run raw vLLM once more while benchmarks.pipeline_only runs "
+                             "the flow on ITEMS items with its engine stood in, in a process of its own: how much "
+                             "the pipeline's own work on the host slows the engine (ITEMS enough to outlast raw's "
+                             "call, e.g. 50000 at 16 tokens on an H200)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes (8 items, max_tokens 8, loop 4, HF 4 on one thread, retries on 4 items, "
                              "no warm-up flow run): a plumbing check, not a measurement")
@@ -160,12 +172,14 @@ def parse_args(argv: list[str] | None) -> Config:
                     retry_passes=base["retry_passes"], memory=args.memory, memory_sizes=memory_sizes,
                     memory_max_tokens=base["memory_max_tokens"],
                     pipeline_sizes=_int_list(args.pipeline_sizes) if args.pipeline_sizes else [],
-                    with_retries=args.with_retries,
+                    with_retries=args.with_retries, repeats=args.repeats, beside_pipeline=args.beside_pipeline,
                     retry_variants=["in_stream"] + [v for v in args.retry_variants if v != "in_stream"])
     if min(config.max_tokens_list) < 1:
         parser.error("--max-tokens must be at least 1")
     if args.front_end != "auto":
         ENGINE.update(front_end_process=args.front_end == "process")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     for name in ("serial_items", "hf_items", "hf_batch_size", "retry_items", "retry_max_tokens"):
         if getattr(config, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -438,6 +452,42 @@ def run_raw(engine: Any, prompts: list[list[int]], params: Any, memory: TreeMemo
     return method_figures(len(prompts), got["tokens"], got["wall"], got["wall"], mem, finish=got["finish"])
 
 
+def run_raw_beside_pipeline(engine: Any, prompts: list[list[int]], params: Any, memory: TreeMemory,
+                            items: int) -> dict[str, Any]:
+    """(b) again, while benchmarks.pipeline_only runs the flow on `items` items with its engine stood in, in a
+    process of its own with its own Prefect server: raw vLLM's rate with the pipeline's work beside it on the host's
+    cores. The stand-in pipeline goes as fast as the host lets it, so it asks more of the host than the real flow
+    does while its engine generates: an upper bound of what the flow's own work costs the engine."""
+    from benchmarks.pipeline_only import MEASURED_RUN
+
+    child = subprocess.Popen([sys.executable, "-m", "benchmarks.pipeline_only", "--one", str(items)], cwd=ROOT,
+                             env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tail: list[str] = []
+    try:
+        for line in child.stderr:  # its Prefect server, imports and warm-up run come first
+            tail = (tail + [line])[-20:]
+            if MEASURED_RUN in line:
+                break
+        else:
+            raise RuntimeError("benchmarks.pipeline_only ended before its measured run:\n" + "".join(tail))
+        drain = threading.Thread(target=lambda: child.stderr.read(), daemon=True)
+        drain.start()
+        started = time.perf_counter()
+        raw = run_raw(engine, prompts, params, memory)
+        raw_ended = time.perf_counter() - started
+        out = child.communicate(timeout=900)[0]
+        pipeline = json.loads(out.strip().splitlines()[-1])
+    finally:
+        if child.poll() is None:
+            child.kill()
+    raw["beside"] = {"pipeline_items": items, "pipeline_wall_seconds": pipeline["wall_seconds"],
+                     "pipeline_items_per_second": pipeline["items_per_second"],
+                     "pipeline_cpu_seconds": pipeline.get("cpu_seconds"),
+                     # the share of raw's call the pipeline's measured run covered (it started just before raw)
+                     "overlap": round(min(1.0, pipeline["wall_seconds"] / raw_ended), 3) if raw_ended else None}
+    return raw
+
+
 def run_serial(engine: Any, prompts: list[list[int]], params: Any, memory: TreeMemory) -> dict[str, Any]:
     """(c) The seeds' baseline: one prompt per LLM.generate call."""
     with memory.phase() as mem:
@@ -608,6 +658,9 @@ def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_token
         variants[name] = {
             "retry": retry, "job_wall_seconds": flow["wall_seconds"], "raw_first_pass_seconds": raw["wall_seconds"],
             "ratio_job_with_retries_vs_raw_first_pass": ratio_job, "output_tokens": flow["output_tokens"],
+            # the job's output tokens/s against raw's: the retries add tokens, so at raw's own rate the job would
+            # take output_tokens / raw's tok/s; this is how close it came to that
+            "ratio_job_tokens_per_s_vs_raw": ratio(flow["output_tokens_per_second"], raw["output_tokens_per_second"]),
             "raw_first_pass_output_tokens": raw["output_tokens"], "retry_attempts": counts.get("retry_attempts"),
             "accepted": counts["accepted"], "rejected": counts["rejected"],
             "rejected_by_reason": counts["rejected_by_reason"],
@@ -764,6 +817,27 @@ def check_engine_spec(job: Any) -> None:
                            "build a second engine")
 
 
+def paired_ratios(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each pair's flow/raw and generation/raw (output tokens/s), their medians, and the pair whose flow/raw is the
+    (lower) median: its figures stand for the size in the tables. One pair: its own ratios."""
+    rows = []
+    for pair in pairs:
+        raw, run = pair["raw"], pair["run"]
+        rows.append({"raw_output_tokens_per_second": raw["output_tokens_per_second"],
+                     "raw_wall_seconds": raw["wall_seconds"],
+                     "flow_output_tokens_per_second": run["flow"]["output_tokens_per_second"],
+                     "flow_wall_seconds": run["flow"]["wall_seconds"],
+                     "generation_output_tokens_per_second": run["generation"]["output_tokens_per_second"],
+                     "ratio_flow_vs_raw": ratio(run["flow"]["output_tokens_per_second"],
+                                                raw["output_tokens_per_second"]),
+                     "ratio_generation_vs_raw": ratio(run["generation"]["output_tokens_per_second"],
+                                                      raw["output_tokens_per_second"])})
+    by_flow = sorted(range(len(rows)), key=lambda i: rows[i]["ratio_flow_vs_raw"] or 0)
+    return {"pairs": rows, "median_pair": by_flow[(len(rows) - 1) // 2],
+            **{key: round(statistics.median(r[key] for r in rows), 4) if all(r[key] for r in rows) else None
+               for key in ("ratio_flow_vs_raw", "ratio_generation_vs_raw")}}
+
+
 def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: dict[int, Path],
                  prompt_ids: list[list[int]], by_item: dict[str, list[int]], hf: dict[str, Any],
                  memory: TreeMemory) -> tuple[dict[str, Any], bool]:
@@ -776,14 +850,28 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
     sizes: dict[str, Any] = {}
     identical = True
     for n in cfg.sizes:
-        log(f"(b) raw vLLM, one call on {n} prompts, max_tokens {max_tokens}")
-        cold_prefix_cache(engine)
-        raw = run_raw(engine, prompt_ids[:n], params, memory)
-        log(f"(a) the flow on {n} items, max_tokens {max_tokens}")
-        cold_prefix_cache(engine)
-        out = cfg.work / f"out-{n}-{max_tokens}"
-        run = run_flow(bench_job(csvs[n], out, max_tokens), memory, by_item)
-        identical = identical and bool(run["prompts_identical"])
+        pairs = []
+        for repeat in range(cfg.repeats):
+            # ABBA: raw first in even repeats, the flow first in odd ones, so that a drift of the host's speed
+            # during the run weighs on both alike
+            pair: dict[str, Any] = {}
+            for method in (("raw", "flow") if repeat % 2 == 0 else ("flow", "raw")):
+                if method == "raw":
+                    log(f"(b) raw vLLM, one call on {n} prompts, max_tokens {max_tokens}"
+                        + (f" (repeat {repeat + 1} of {cfg.repeats})" if cfg.repeats > 1 else ""))
+                    cold_prefix_cache(engine)
+                    pair["raw"] = run_raw(engine, prompt_ids[:n], params, memory)
+                else:
+                    log(f"(a) the flow on {n} items, max_tokens {max_tokens}"
+                        + (f" (repeat {repeat + 1} of {cfg.repeats})" if cfg.repeats > 1 else ""))
+                    cold_prefix_cache(engine)
+                    pair["out"] = cfg.work / f"out-{n}-{max_tokens}" / f"repeat-{repeat + 1}"
+                    pair["run"] = run_flow(bench_job(csvs[n], pair["out"], max_tokens), memory, by_item)
+                    identical = identical and bool(pair["run"]["prompts_identical"])
+            pairs.append(pair)
+        spread = paired_ratios(pairs)
+        pick = spread["median_pair"]
+        raw, run, out = pairs[pick]["raw"], pairs[pick]["run"], pairs[pick]["out"]
         timings, flow = run["manifest"]["timings_seconds"], run["flow"]
         methods = {"flow": flow, "generation": run["generation"], "raw_vllm": raw,
                    "serial_loop": dict(serial), "hf_static": dict(hf)}
@@ -820,13 +908,27 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
                 # max_num_seqs requests in it, and its time-weighted count of requests
                 "engine_feed": rounded(run["engine_feed"]),
             },
-            "ratio_flow_vs_raw": methods["flow"]["ratio_vs_raw"],
-            "ratio_generation_vs_raw": methods["generation"]["ratio_vs_raw"],
+            # with --repeats, the medians of the pairs' ratios (the table above is the median pair's)
+            "ratio_flow_vs_raw": spread["ratio_flow_vs_raw"],
+            "ratio_generation_vs_raw": spread["ratio_generation_vs_raw"],
             "ratio_raw_vs_serial": ratio(raw["output_tokens_per_second"], serial["output_tokens_per_second"]),
             "ratio_flow_vs_hf": ratio(flow["output_tokens_per_second"], hf["output_tokens_per_second"]),
+            **({"repeats": spread["pairs"]} if cfg.repeats > 1 else {}),
         }
         log(f"{n} items, max_tokens {max_tokens}: flow {flow['output_tokens_per_second']} tok/s, raw "
-            f"{raw['output_tokens_per_second']} tok/s, ratio {sizes[str(n)]['ratio_flow_vs_raw']}")
+            f"{raw['output_tokens_per_second']} tok/s, ratio {sizes[str(n)]['ratio_flow_vs_raw']}"
+            + (f" (median of {cfg.repeats} pairs: {[p['ratio_flow_vs_raw'] for p in spread['pairs']]})"
+               if cfg.repeats > 1 else ""))
+        if cfg.beside_pipeline and n == max(cfg.sizes):
+            log(f"(b) raw vLLM on {n} prompts, max_tokens {max_tokens}, beside the pipeline on "
+                f"{cfg.beside_pipeline} items (engine stood in)")
+            cold_prefix_cache(engine)
+            beside = run_raw_beside_pipeline(engine, prompt_ids[:n], params, memory, cfg.beside_pipeline)
+            alone = statistics.median(p["raw_output_tokens_per_second"] for p in spread["pairs"])
+            beside["ratio_vs_raw_alone"] = ratio(beside["output_tokens_per_second"], alone)
+            sizes[str(n)]["raw_beside_pipeline"] = beside
+            log(f"raw beside the pipeline: {beside['output_tokens_per_second']} tok/s, "
+                f"{beside['ratio_vs_raw_alone']} of raw alone (median {alone})")
         if cfg.with_retries and n == max(cfg.sizes) and max_tokens == cfg.max_tokens:
             try:
                 sizes[str(n)]["with_retries"] = run_with_retries(cfg, engine, csvs[n], n, max_tokens, raw, memory)
@@ -930,7 +1032,8 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
             "products_seed": PRODUCTS_SEED, "model": DEFAULT_MODEL, "model_path": model_path,
             "dtype": engine_info.get("dtype") or engine_info["args"].get("dtype"), "sampling": base_job.sampling.model_dump(mode="json"),
             "vllm_sampling_params": {k: v for k, v in sampling_kwargs(base_job.sampling).items()},
-            "retry": {"max_passes": 0}, "chunk_size": base_job.chunk_size,
+            "retry": {"max_passes": 0}, "chunk_size": base_job.chunk_size, "repeats": cfg.repeats,
+            "beside_pipeline_items": cfg.beside_pipeline,
         },
         "engine": {**engine_info, "loads": engine_loads},
         "warm_up": warm,

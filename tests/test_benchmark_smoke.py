@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -20,8 +21,8 @@ RATIOS = ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_raw_vs_serial",
 def test_quick_benchmark_writes_every_figure(tmp_path):
     out = tmp_path / "results"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=540)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--repeats", "2", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
     result = json.loads((out / "latest.json").read_text(encoding="utf-8"))
@@ -41,9 +42,14 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
                       "time_to_first_result_seconds"):
             assert figures[field] is not None and figures[field] > 0, (name, field, figures[field])
     assert set(result["retry_strategies"]["strategies"]) == {"grow", "continue"}
+    pairs = result["sizes"]["8"]["repeats"]  # --repeats 2: raw and the flow twice, the ratios their medians
+    assert len(pairs) == 2 and result["config"]["repeats"] == 2
+    for key in ("ratio_flow_vs_raw", "ratio_generation_vs_raw"):
+        assert result[key] == pytest.approx(statistics.median(p[key] for p in pairs), abs=1e-4)
 
     table = (out / "latest.md").read_text(encoding="utf-8")
     assert "| method |" in table and "raw vLLM" in table and "ratio_flow_vs_raw" in table
+    assert "Repeats: 2 pairs" in table and "| 2 |" in table
     assert (out / "latest.png").read_bytes().startswith(b"\x89PNG")
 
 
@@ -85,6 +91,7 @@ def test_pipeline_only_benchmark_reports_items_per_second_and_publishes_every_it
     published = figures["published"]
     assert published["accepted_rows"] + published["rejected_rows"] == 50 and published["distinct_item_ids"] == 50
     assert figures["engine"]["calls"] >= 1 and figures["peak_rss_during_run_mb"] >= figures["rss_after_warm_up_mb"] > 0
+    assert figures["cpu_seconds"]["main"] > 0  # what the run asked of the host's cores
     alone = figures["tokenizer_alone"]  # the ceiling any tokenizing pipeline has on this machine
     assert alone["items"] == 50 and alone["items_per_second"] > 0 and alone["prompt_tokens_per_item"] > 10
     page = (out / "latest.md").read_text(encoding="utf-8")
@@ -100,3 +107,21 @@ def test_load_benchmark_reads_every_row_and_stops_at_the_limit(tmp_path):
         figures = json.loads(out.read_text(encoding="utf-8"))
         assert (figures["items"], figures["rejected"]) == (items, 0)
         assert figures["peak_rss_mb"] >= figures["rss_before_load_mb"] > 0 and figures["load_seconds"] >= 0
+
+
+def _pair(raw: float, flow: float, generation: float) -> dict:
+    return {"raw": {"output_tokens_per_second": raw, "wall_seconds": 1.0},
+            "run": {"flow": {"output_tokens_per_second": flow, "wall_seconds": 1.0},
+                    "generation": {"output_tokens_per_second": generation}}}
+
+
+def test_paired_ratios_are_the_medians_of_each_pairs_ratios():
+    from benchmarks.run import paired_ratios
+
+    # raw's own rate moves from pair to pair (a shared host): each flow is compared with its own pair's raw
+    got = paired_ratios([_pair(100.0, 90.0, 99.0), _pair(200.0, 150.0, 190.0), _pair(150.0, 141.0, 150.0)])
+    assert [p["ratio_flow_vs_raw"] for p in got["pairs"]] == [0.9, 0.75, 0.94]
+    assert got["ratio_flow_vs_raw"] == 0.9 and got["ratio_generation_vs_raw"] == 0.99
+    assert got["median_pair"] == 0  # the pair whose flow / raw is the median stands for the size
+    two = paired_ratios([_pair(100.0, 80.0, 90.0), _pair(100.0, 90.0, 100.0)])
+    assert two["ratio_flow_vs_raw"] == 0.85 and two["median_pair"] == 0  # the lower of the two middle pairs
