@@ -19,6 +19,9 @@
 #              in on 100,000 items (--beside-pipeline: how much the pipeline's work on the host slows the engine),
 #              and the whole job with its retries in the stream; about 8 minutes with a cold compile cache, so a
 #              call of its own
+#   paired80_fcfs  paired80 with the engine built under vLLM's default scheduling policy (fcfs: no priorities,
+#              retries behind the first attempts still waiting), into $RES/fcfs: whether the priority queue costs
+#              the engine anything (the lease that brought it in saw raw and the flow both slower)
 #   paired16   the same at 16 tokens ($REPEATS16 pairs, default 5; beside the pipeline on 50,000 items; no
 #              retries), into $RES/max-tokens-16: about 4 minutes once paired80 has warmed the compile cache
 #   here       the same comparison at 80 and 16 tokens (HF, the loop and the retry runs on a few items only) with
@@ -88,6 +91,9 @@ step run 570 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 16 --hf-items
 step paired80 570 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-3}" \
   --beside-pipeline 100000 --hf-items 64 --hf-batch-size 64 --serial-items 16 --retry-items 16 --with-retries \
   --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES"
+step paired80_fcfs 570 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-3}" \
+  --scheduling-policy fcfs --hf-items 64 --hf-batch-size 64 --serial-items 16 --retry-items 16 --with-retries \
+  --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES/fcfs"
 step paired16 420 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 16 --repeats "${REPEATS16:-5}" \
   --beside-pipeline 50000 --hf-items 64 --hf-batch-size 64 --serial-items 16 --retry-items 16 \
   --out "$RES/max-tokens-16"
@@ -114,6 +120,7 @@ if [ "$LOGS" != "$RES" ]; then
     [[ $STEPS == *" profile16 "* && -f "$RES/profile16/$name" ]] && cp "$RES/profile16/$name" "$LOGS/profile16-$name"
     [[ $STEPS == *" here "* && -f "$RES/front-end-here/$name" ]] && cp "$RES/front-end-here/$name" "$LOGS/here-$name"
     [[ $STEPS == *" paired16 "* && -f "$RES/max-tokens-16/$name" ]] && cp "$RES/max-tokens-16/$name" "$LOGS/16-$name"
+    [[ $STEPS == *" paired80_fcfs "* && -f "$RES/fcfs/$name" ]] && cp "$RES/fcfs/$name" "$LOGS/fcfs-$name"
   done
   [[ $STEPS == *" run_batch "* && -f "$RES/run-batch/run_batch.json" ]] && cp "$RES/run-batch/run_batch.json" "$LOGS/"
   [[ $STEPS == *" run_batch_retries "* && -f "$RES/run-batch/run_batch_retries.json" ]] &&

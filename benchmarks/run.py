@@ -151,6 +151,11 @@ def parse_args(argv: list[str] | None) -> Config:
                              "the flow on ITEMS items with its engine stood in, in a process of its own: how much "
                              "the pipeline's own work on the host slows the engine (ITEMS enough to outlast raw's "
                              "call, e.g. 50000 at 16 tokens on an H200)")
+    parser.add_argument("--scheduling-policy", choices=("priority", "fcfs"),
+                        help="build the engine with this vLLM scheduling policy for every method (engine.extra_args."
+                             "scheduling_policy; default: batchgen's, priority, with retries ahead of the first "
+                             "attempts still waiting; fcfs is vLLM's own default, under which batchgen sends no "
+                             "priorities)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes (8 items, max_tokens 8, loop 4, HF 4 on one thread, retries on 4 items, "
                              "no warm-up flow run): a plumbing check, not a measurement")
@@ -178,6 +183,8 @@ def parse_args(argv: list[str] | None) -> Config:
         parser.error("--max-tokens must be at least 1")
     if args.front_end != "auto":
         ENGINE.update(front_end_process=args.front_end == "process")
+    if args.scheduling_policy:
+        ENGINE.update(extra_args={"scheduling_policy": args.scheduling_policy})
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     for name in ("serial_items", "hf_items", "hf_batch_size", "retry_items", "retry_max_tokens"):
