@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_session.sh                  # results into benchmarks/results/gpu-h200 (or gpu-<device>)
 #   OUT=/some/dir SESSION_SECONDS=500 bash benchmarks/gpu_session.sh
 #   STEPS="run big_model pipeline" bash benchmarks/gpu_session.sh   # the steps to run (default: run big_model)
-#   STEPS=paired80 ...; then, in the next call on the same machine, STEPS=paired16 ...   # one step per call
+#   STEPS=paired16 ...; then STEPS=paired80, then STEPS=paired80_fcfs, each a call on the same machine
 #   RUN_EXTRA="--retry-variants in_stream continue_in_stream" ...   # more arguments for the `run` step
 #
 # Steps, each under a time limit (its cap, or what is left of SESSION_SECONDS, default 540):
@@ -14,16 +14,16 @@
 #              in batches of 64; one prompt per call on 32 items; the retry strategies on 64 items; the whole job
 #              with the example job's retries at 80 tokens against raw's first pass, retried in the stream, in
 #              passes and by `continue` (--with-retries)
-#   paired80   benchmarks.run at 10,000 items x 80 tokens, raw vLLM and the flow $REPEATS times (default 3) in
-#              alternating order (the ratios are the medians of the pairs'), raw once more beside the pipeline stood
-#              in on 100,000 items (--beside-pipeline: how much the pipeline's work on the host slows the engine),
-#              and the whole job with its retries in the stream; about 8 minutes with a cold compile cache, so a
-#              call of its own
+#   paired16   benchmarks.run at 10,000 items x 16 tokens, raw vLLM and the flow $REPEATS16 times (default 5) in
+#              alternating order (the ratios are the medians of the pairs'), and raw once more beside the pipeline
+#              stood in on 50,000 items (--beside-pipeline: how much the pipeline's work on the host slows the
+#              engine), into $RES/max-tokens-16; about 6 minutes with a cold compile cache: the first call
+#   paired80   the same at 80 tokens ($REPEATS pairs, default 3; beside the pipeline on 100,000 items), then the
+#              whole job with its retries in the stream, into $RES; about 7.5 minutes once paired16 has warmed
+#              the compile cache: a call of its own
 #   paired80_fcfs  paired80 with the engine built under vLLM's default scheduling policy (fcfs: no priorities,
 #              retries behind the first attempts still waiting), into $RES/fcfs: whether the priority queue costs
-#              the engine anything (the lease that brought it in saw raw and the flow both slower)
-#   paired16   the same at 16 tokens ($REPEATS16 pairs, default 5; beside the pipeline on 50,000 items; no
-#              retries), into $RES/max-tokens-16: about 4 minutes once paired80 has warmed the compile cache
+#              the engine anything (the lease that brought it in saw raw and the flow both slower); a call of its own
 #   here       the same comparison at 80 and 16 tokens (HF, the loop and the retry runs on a few items only) with
 #              vLLM's front end in the run's process (--front-end here), into $RES/front-end-here: the pair of `run`
 #   run_batch  benchmarks.run_batch_compare: `vllm run-batch` against `batchgen run`, each a fresh process, on the
@@ -88,15 +88,15 @@ step() {  # step NAME CAP_SECONDS COMMAND...: run COMMAND with its output in $LO
 
 step run 570 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 16 --hf-items 256 --hf-batch-size 64 \
   --serial-items 32 --retry-items 64 --with-retries ${RUN_EXTRA:-} --out "$RES"
-step paired80 570 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-3}" \
-  --beside-pipeline 100000 --hf-items 64 --hf-batch-size 64 --serial-items 16 --retry-items 16 --with-retries \
-  --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES"
-step paired80_fcfs 570 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-3}" \
-  --scheduling-policy fcfs --hf-items 64 --hf-batch-size 64 --serial-items 16 --retry-items 16 --with-retries \
-  --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES/fcfs"
-step paired16 420 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 16 --repeats "${REPEATS16:-5}" \
-  --beside-pipeline 50000 --hf-items 64 --hf-batch-size 64 --serial-items 16 --retry-items 16 \
+step paired16 540 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 16 --repeats "${REPEATS16:-5}" \
+  --beside-pipeline 50000 --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 \
   --out "$RES/max-tokens-16"
+step paired80 540 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-3}" \
+  --beside-pipeline 100000 --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 --with-retries \
+  --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES"
+step paired80_fcfs 540 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-3}" \
+  --scheduling-policy fcfs --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 --with-retries \
+  --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES/fcfs"
 step here 420 "$PY" -m benchmarks.run --front-end here --sizes 10000 --max-tokens 80 16 --hf-items 8 \
   --serial-items 4 --retry-items 8 --out "$RES/front-end-here"
 step run_batch 540 "$PY" -m benchmarks.run_batch_compare --items 10000 --max-tokens 80 --out "$RES/run-batch"
