@@ -36,6 +36,7 @@ import json
 import math
 import os
 import platform
+import queue
 import shlex
 import statistics
 import subprocess
@@ -469,20 +470,33 @@ def run_raw_beside_pipeline(engine: Any, prompts: list[list[int]], params: Any, 
 
     child = subprocess.Popen([sys.executable, "-m", "benchmarks.pipeline_only", "--one", str(items)], cwd=ROOT,
                              env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read_stderr() -> None:  # to the end, so that the child never blocks on a full pipe
+        for line in child.stderr:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read_stderr, name="beside-pipeline-stderr", daemon=True).start()
     tail: list[str] = []
+    deadline = time.monotonic() + 600  # its Prefect server, imports and warm-up run come first
     try:
-        for line in child.stderr:  # its Prefect server, imports and warm-up run come first
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError("benchmarks.pipeline_only did not start its measured run in 600 s") from None
+            if line is None:
+                raise RuntimeError("benchmarks.pipeline_only ended before its measured run:\n" + "".join(tail))
             tail = (tail + [line])[-20:]
             if MEASURED_RUN in line:
                 break
-        else:
-            raise RuntimeError("benchmarks.pipeline_only ended before its measured run:\n" + "".join(tail))
-        drain = threading.Thread(target=lambda: child.stderr.read(), daemon=True)
-        drain.start()
         started = time.perf_counter()
         raw = run_raw(engine, prompts, params, memory)
         raw_ended = time.perf_counter() - started
-        out = child.communicate(timeout=900)[0]
+        out = child.stdout.read()  # its figures, at its end (stderr goes on being read by the thread)
+        if child.wait(timeout=900):
+            raise RuntimeError(f"benchmarks.pipeline_only failed (exit {child.returncode})")
         pipeline = json.loads(out.strip().splitlines()[-1])
     finally:
         if child.poll() is None:
