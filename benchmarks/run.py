@@ -876,16 +876,14 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             # ABBA: raw first in even repeats, the flow first in odd ones, so that a drift of the host's speed
             # during the run weighs on both alike
             pair: dict[str, Any] = {}
+            which = f" (repeat {repeat + 1} of {cfg.repeats})" if cfg.repeats > 1 else ""
             for method in (("raw", "flow") if repeat % 2 == 0 else ("flow", "raw")):
+                cold_prefix_cache(engine)
                 if method == "raw":
-                    log(f"(b) raw vLLM, one call on {n} prompts, max_tokens {max_tokens}"
-                        + (f" (repeat {repeat + 1} of {cfg.repeats})" if cfg.repeats > 1 else ""))
-                    cold_prefix_cache(engine)
+                    log(f"(b) raw vLLM, one call on {n} prompts, max_tokens {max_tokens}{which}")
                     pair["raw"] = run_raw(engine, prompt_ids[:n], params, memory)
                 else:
-                    log(f"(a) the flow on {n} items, max_tokens {max_tokens}"
-                        + (f" (repeat {repeat + 1} of {cfg.repeats})" if cfg.repeats > 1 else ""))
-                    cold_prefix_cache(engine)
+                    log(f"(a) the flow on {n} items, max_tokens {max_tokens}{which}")
                     pair["out"] = cfg.work / f"out-{n}-{max_tokens}" / f"repeat-{repeat + 1}"
                     pair["run"] = run_flow(bench_job(csvs[n], pair["out"], max_tokens), memory, by_item)
                     identical = identical and bool(pair["run"]["prompts_identical"])
