@@ -26,7 +26,8 @@ import pytest
 
 from tests.servers import ARTIFACTS, ROOT, PrefectServer, worker
 
-pytestmark = pytest.mark.engine
+# alone: two workers' engines must run at once, which another engine test beside it on 2 cores can prevent
+pytestmark = [pytest.mark.engine, pytest.mark.alone]
 
 POOL = "batchgen"
 BATCHGEN = str(Path(sys.executable).with_name("batchgen"))
