@@ -35,6 +35,17 @@ def feed_sentence(feed: dict[str, Any] | None, generate_seconds: float) -> str:
                  f"{feed['full_seconds']:.1f} s ({100 * feed['full_share']:.0f}% of its steps' time)")
     return text + "."
 
+def raw_steps_sentence(raw: dict[str, Any], flow_tokens: int, feed: dict[str, Any] | None) -> str:
+    """Raw vLLM's engine steps beside the flow's (its stream's feed counters): seconds and output tokens per step."""
+    if not raw.get("engine_steps") or not feed or not feed.get("steps"):
+        return ""
+    return (f" Raw vLLM stepped its engine {raw['engine_steps']:,} times in {raw['engine_step_seconds']:.1f} s: "
+            f"{1000 * raw['engine_step_seconds'] / raw['engine_steps']:.1f} ms and "
+            f"{raw['output_tokens'] / raw['engine_steps']:,.0f} output tokens per step, against "
+            f"{1000 * feed['busy_seconds'] / feed['steps']:.1f} ms and {flow_tokens / feed['steps']:,.0f} in the "
+            "flow.")
+
+
 def _num(value: Any, digits: int = 1) -> str:
     if value is None:
         return "–"
@@ -138,7 +149,9 @@ def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "")
             + ". While the engine had requests it made "
             f"{_num(over['engine_calls_output_tokens_per_second'])} output tokens/s "
             f"(results committed in {over['engine_calls']} batch(es) of at most {config['chunk_size']}; raw vLLM: "
-            "one call)." + feed_sentence(over.get("engine_feed"), over["generate_seconds"]),
+            "one call)." + feed_sentence(over.get("engine_feed"), over["generate_seconds"])
+            + raw_steps_sentence(entry["methods"]["raw_vllm"], entry["methods"]["flow"]["output_tokens"],
+                                 over.get("engine_feed")),
             "",
             "Ratios (output tokens/s): " + ", ".join(f"`{k}` = {_num(entry[k], 3)}" for k in RATIO_KEYS) + ".",
             "",
@@ -218,7 +231,8 @@ def render_markdown(result: dict[str, Any]) -> str:
             f"({with_retries['accepted']:,} accepted, {with_retries['rejected']:,} rejected); raw vLLM's one "
             f"`LLM.generate` call, retries off: {_num(with_retries['raw_first_pass_seconds'])} s. "
             f"`ratio_job_with_retries_vs_raw_first_pass` = raw / job = "
-            f"**{_num(with_retries['ratio_job_with_retries_vs_raw_first_pass'], 3)}** (target: at least 1/1.10 = 0.909)."
+            f"**{_num(with_retries['ratio_job_with_retries_vs_raw_first_pass'], 3)}** "
+            "(target: at least 1/1.10 = 0.909)."
             + (f" The job generated {with_retries['output_tokens']:,} output tokens against raw's "
                f"{with_retries['raw_first_pass_output_tokens']:,}: at raw vLLM's own rate they take "
                f"{_num(with_retries['output_tokens'] / with_retries['raw_first_pass_output_tokens'], 3)}x raw's "
@@ -417,7 +431,8 @@ def render_pipeline_only(section: dict[str, Any], heading: str = "## The pipelin
             f"| {_num(t.get('load_and_prompts'))} | {_num(t.get('generate'))} | {_num(t.get('validate_and_stage'))} "
             f"| {_num(m.get('publish_and_rest_seconds'))} | {m['accepted']:,} + {m['rejected']:,} "
             f"| {_mb(m['rss_after_warm_up_mb'])} | {_mb(m['peak_rss_during_run_mb'])} "
-            f"| {_mb(m['peak_above_warm_up_mb'])} | {_num((m.get('tokenizer_alone') or {}).get('items_per_second'), 0)} "
+            f"| {_mb(m['peak_above_warm_up_mb'])} "
+            f"| {_num((m.get('tokenizer_alone') or {}).get('items_per_second'), 0)} "
             f"| {_cpu(m.get('cpu_seconds'))} |")
     lines += ["", f"`pipeline_items_per_s` = **{_num(section['pipeline_items_per_s'], 0)}** at "
                   f"{section['largest_size']:,} items (target {section['target_items_per_s']:,} at every size: "

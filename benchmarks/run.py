@@ -441,15 +441,32 @@ def timed_generate(llm: Any, prompts: list[list[int]], params: Any, one_at_a_tim
 
     requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompts]
     tokens, first, finish = 0, None, {}
+    # LLM.generate steps its LLMEngine (one engine core output a step), as the flow's stream does: counted, its
+    # steps and their time compare with the stream's feed counters (the engine's pace per step, raw against flow)
+    engine, steps = llm.llm_engine, {"count": 0, "seconds": 0.0}
+
+    def step() -> Any:
+        begun = time.perf_counter()
+        try:
+            return type(engine).step(engine)
+        finally:
+            steps["count"] += 1
+            steps["seconds"] += time.perf_counter() - begun
+
+    engine.step = step
     started = time.perf_counter()
-    for batch in ([[r] for r in requests] if one_at_a_time else [requests]):
-        outputs = llm.generate(batch, params, use_tqdm=False)
-        tokens += sum(len(c.token_ids) for o in outputs for c in o.outputs)
-        for reason, n in finish_counts(outputs).items():
-            finish[reason] = finish.get(reason, 0) + n
-        if first is None:
-            first = time.perf_counter() - started
-    return {"wall": time.perf_counter() - started, "first": first, "tokens": tokens, "finish": finish}
+    try:
+        for batch in ([[r] for r in requests] if one_at_a_time else [requests]):
+            outputs = llm.generate(batch, params, use_tqdm=False)
+            tokens += sum(len(c.token_ids) for o in outputs for c in o.outputs)
+            for reason, n in finish_counts(outputs).items():
+                finish[reason] = finish.get(reason, 0) + n
+            if first is None:
+                first = time.perf_counter() - started
+    finally:
+        del engine.step  # the class's own again
+    return {"wall": time.perf_counter() - started, "first": first, "tokens": tokens, "finish": finish,
+            "steps": steps["count"], "step_seconds": round(steps["seconds"], 3)}
 
 
 def run_raw(engine: Any, prompts: list[list[int]], params: Any, memory: TreeMemory) -> dict[str, Any]:
@@ -457,7 +474,8 @@ def run_raw(engine: Any, prompts: list[list[int]], params: Any, memory: TreeMemo
     with memory.phase() as mem:
         got = engine.run(timed_generate, prompts, params)
     # One call returns every result at its end: the first result comes with the last.
-    return method_figures(len(prompts), got["tokens"], got["wall"], got["wall"], mem, finish=got["finish"])
+    return method_figures(len(prompts), got["tokens"], got["wall"], got["wall"], mem, finish=got["finish"],
+                          engine_steps=got["steps"], engine_step_seconds=got["step_seconds"])
 
 
 def run_raw_beside_pipeline(engine: Any, prompts: list[list[int]], params: Any, memory: TreeMemory,

@@ -42,6 +42,8 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
                       "time_to_first_result_seconds"):
             assert figures[field] is not None and figures[field] > 0, (name, field, figures[field])
     assert set(result["retry_strategies"]["strategies"]) == {"grow", "continue"}
+    raw = methods["raw_vllm"]  # its engine's steps, counted inside LLM.generate: its pace per step beside the flow's
+    assert raw["engine_steps"] >= raw["output_tokens"] / 8 and raw["engine_step_seconds"] > 0  # 8 sequences a step
     pairs = result["sizes"]["8"]["repeats"]  # --repeats 2: raw and the flow twice, the ratios their medians
     assert len(pairs) == 2 and result["config"]["repeats"] == 2
     for key in ("ratio_flow_vs_raw", "ratio_generation_vs_raw"):
