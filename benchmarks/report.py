@@ -35,6 +35,7 @@ def feed_sentence(feed: dict[str, Any] | None, generate_seconds: float) -> str:
                  f"{feed['full_seconds']:.1f} s ({100 * feed['full_share']:.0f}% of its steps' time)")
     return text + "."
 
+
 def raw_steps_sentence(raw: dict[str, Any], flow_tokens: int, feed: dict[str, Any] | None) -> str:
     """Raw vLLM's engine steps beside the flow's (its stream's feed counters): seconds and output tokens per step."""
     if not raw.get("engine_steps") or not feed or not feed.get("steps"):
@@ -122,6 +123,21 @@ def repeats_lines(pairs: list[dict[str, Any]] | None) -> list[str]:
     return lines + [""]
 
 
+def beside_lines(beside: dict[str, Any] | None) -> list[str]:
+    """--beside-pipeline: raw vLLM's rate while the pipeline ran beside it, against its rate alone."""
+    if not beside:
+        return []
+    b = beside["beside"]
+    return [f"Raw vLLM beside the pipeline: {_num(beside['output_tokens_per_second'])} output tokens/s while "
+            f"`benchmarks.pipeline_only` ran the flow on {b['pipeline_items']:,} items with its engine stood in, in a "
+            f"process of its own ({_num(b['pipeline_items_per_second'])} items/s, covering "
+            f"{_num(100 * (b['overlap'] or 0), 0)}% of raw's call; CPU seconds "
+            + ", ".join(f"{k} {v:.1f}" for k, v in (b.get("pipeline_cpu_seconds") or {}).items())
+            + f"): **{_num(beside['ratio_vs_raw_alone'], 3)}** of raw alone (the median of the pairs). The stand-in "
+            "pipeline runs as fast as the host lets it, asking more of the host than the flow does while its engine "
+            "generates.", ""]
+
+
 def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "") -> list[str]:
     """The tables of one max_tokens setting: one per size, the marginal overhead, the ratios at the largest size."""
     lines: list[str] = []
@@ -156,18 +172,7 @@ def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "")
             "Ratios (output tokens/s): " + ", ".join(f"`{k}` = {_num(entry[k], 3)}" for k in RATIO_KEYS) + ".",
             "",
         ]
-        lines += repeats_lines(entry.get("repeats"))
-        beside = entry.get("raw_beside_pipeline")
-        if beside:
-            b = beside["beside"]
-            lines += [f"Raw vLLM beside the pipeline: {_num(beside['output_tokens_per_second'])} output tokens/s "
-                      f"while `benchmarks.pipeline_only` ran the flow on {b['pipeline_items']:,} items with its "
-                      f"engine stood in, in a process of its own ({_num(b['pipeline_items_per_second'])} items/s, "
-                      f"covering {_num(100 * (b['overlap'] or 0), 0)}% of raw's call; CPU seconds "
-                      + ", ".join(f"{k} {v:.1f}" for k, v in (b.get('pipeline_cpu_seconds') or {}).items())
-                      + f"): **{_num(beside['ratio_vs_raw_alone'], 3)}** of raw alone (the median of the pairs). "
-                      "The stand-in pipeline runs as fast as the host lets it, asking more of the host than the flow "
-                      "does while its engine generates.", ""]
+        lines += repeats_lines(entry.get("repeats")) + beside_lines(entry.get("raw_beside_pipeline"))
     marginal = case.get("pipeline_overhead_marginal")
     if marginal and marginal["per_item_ms"] <= 0:
         small, large = marginal["between_items"]

@@ -21,8 +21,8 @@ RATIOS = ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_raw_vs_serial",
 def test_quick_benchmark_writes_every_figure(tmp_path):
     out = tmp_path / "results"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--repeats", "2", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--repeats", "2", "--beside-pipeline",
+                           "40", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
     result = json.loads((out / "latest.json").read_text(encoding="utf-8"))
@@ -49,9 +49,13 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     for key in ("ratio_flow_vs_raw", "ratio_generation_vs_raw"):
         assert result[key] == pytest.approx(statistics.median(p[key] for p in pairs), abs=1e-4)
 
+    beside = result["sizes"]["8"]["raw_beside_pipeline"]  # raw once more, the stand-in pipeline's run beside it
+    assert beside["beside"]["pipeline_items"] == 40 and beside["beside"]["pipeline_cpu_seconds"]["main"] > 0
+    assert beside["output_tokens_per_second"] > 0 and beside["ratio_vs_raw_alone"] > 0
+
     table = (out / "latest.md").read_text(encoding="utf-8")
     assert "| method |" in table and "raw vLLM" in table and "ratio_flow_vs_raw" in table
-    assert "Repeats: 2 pairs" in table and "| 2 |" in table
+    assert "Repeats: 2 pairs" in table and "| 2 |" in table and "Raw vLLM beside the pipeline" in table
     assert (out / "latest.png").read_bytes().startswith(b"\x89PNG")
 
 
