@@ -140,7 +140,8 @@ def cpu_seconds() -> dict[str, float]:
     from benchmarks.run import _group
 
     me = psutil.Process()
-    spent = {"main": sum(me.cpu_times()[:2])}
+    times = me.cpu_times()
+    spent = {"main": times.user + times.system}
     for child in me.children(recursive=True):
         try:
             times = child.cpu_times()

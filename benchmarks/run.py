@@ -188,6 +188,8 @@ def parse_args(argv: list[str] | None) -> Config:
         ENGINE.update(extra_args={"scheduling_policy": args.scheduling_policy})
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.beside_pipeline < 0:
+        parser.error("--beside-pipeline must be 0 (off) or a number of items")
     for name in ("serial_items", "hf_items", "hf_batch_size", "retry_items", "retry_max_tokens"):
         if getattr(config, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -509,9 +511,7 @@ def run_raw_beside_pipeline(engine: Any, prompts: list[list[int]], params: Any, 
             tail = (tail + [line])[-20:]
             if MEASURED_RUN in line:
                 break
-        started = time.perf_counter()
         raw = run_raw(engine, prompts, params, memory)
-        raw_ended = time.perf_counter() - started
         out = child.stdout.read()  # its figures, at its end (stderr goes on being read by the thread)
         if child.wait(timeout=900):
             raise RuntimeError(f"benchmarks.pipeline_only failed (exit {child.returncode})")
@@ -523,7 +523,8 @@ def run_raw_beside_pipeline(engine: Any, prompts: list[list[int]], params: Any, 
                      "pipeline_items_per_second": pipeline["items_per_second"],
                      "pipeline_cpu_seconds": pipeline.get("cpu_seconds"),
                      # the share of raw's call the pipeline's measured run covered (it started just before raw)
-                     "overlap": round(min(1.0, pipeline["wall_seconds"] / raw_ended), 3) if raw_ended else None}
+                     "overlap": round(min(1.0, pipeline["wall_seconds"] / raw["wall_seconds"]), 3)
+                     if raw["wall_seconds"] else None}
     return raw
 
 

@@ -131,3 +131,13 @@ def test_paired_ratios_are_the_medians_of_each_pairs_ratios():
     assert got["median_pair"] == 0  # the pair whose flow / raw is the median stands for the size
     two = paired_ratios([_pair(100.0, 80.0, 90.0), _pair(100.0, 90.0, 100.0)])
     assert two["ratio_flow_vs_raw"] == 0.85 and two["median_pair"] == 0  # the lower of the two middle pairs
+
+
+@pytest.mark.parametrize("argv, message", [(["--repeats", "0"], "--repeats must be at least 1"),
+                                           (["--beside-pipeline", "-5"], "--beside-pipeline must be 0 (off)")])
+def test_benchmark_options_out_of_range_stop_with_exit_2_naming_the_option(argv, message, capsys):
+    from benchmarks.run import parse_args
+
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(argv)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
