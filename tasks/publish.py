@@ -41,7 +41,9 @@ def open_publication(job: JobSpec, preload: bool = True) -> Publication:
     if preload:
         preload_publish()
     elif charts_apart():
-        start_chart_worker()  # its imports take another core: started now, it is ready for a short run's report
+        # one chart worker now, ready for a short run's report (its imports take another core); preload_publish
+        # starts the others once the engine has its first requests
+        start_chart_worker(1)
     return Publication.open(Path(job.output.dir), jsonl=job.output.jsonl, keep=job.output.keep,
                             id_column=job.input.id_column)
 

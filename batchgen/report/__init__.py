@@ -16,12 +16,14 @@ from batchgen.files import write_text as write_text_atomic
 from batchgen.report.datadocs import DATA_DOCS, build_data_docs
 from batchgen.report.page import REPORT, figures_markdown, render_html
 from batchgen.report.read import NotAPublicationError, Publication, load_publication
+from batchgen.report.charts import CHART_COUNT, report_charts
 from batchgen.report.worker import (
     ChartWorker,
     ChartWorkerError,
+    ask_for_charts,
     load_chart_libraries,
-    running_worker,
-    start_worker,
+    running_workers,
+    start_workers,
     wait_for,
 )
 
@@ -44,14 +46,14 @@ def load_libraries(data_docs: bool = True, charts: bool = True) -> None:
 
 def preload(chart_worker: bool = True) -> threading.Thread:
     """Get the report ready while the engine works, so that its setup is not paid after the engine is done: the
-    chart worker process starts (`start_chart_worker`; not with `chart_worker=False`), and a background thread
+    chart worker processes start (`start_chart_worker`; not with `chart_worker=False`), and a background thread
     imports GX's site builder here and compiles its templates (matplotlib too, where no worker runs): about a
     second in a fresh process. Returns the thread; a failure here is left for the report itself to raise."""
-    worker = start_chart_worker() if chart_worker else None
+    workers = start_chart_worker() if chart_worker else []
 
     def load() -> None:
         try:
-            load_libraries(charts=worker is None)
+            load_libraries(charts=not workers)
         except Exception:  # noqa: BLE001  (write_report imports them again and says what is wrong)
             pass
 
@@ -60,28 +62,28 @@ def preload(chart_worker: bool = True) -> threading.Thread:
     return thread
 
 
-def start_chart_worker() -> ChartWorker | None:
-    """The process's chart worker (batchgen.report.worker), started if none is alive: the report's charts are drawn
-    there, beside the Data Docs. Its imports take another core, not this process's time. None where no child
-    process can be started (the charts are then drawn in-process)."""
-    return start_worker()
+def start_chart_worker(count: int | None = None) -> list[ChartWorker]:
+    """The process's chart workers (batchgen.report.worker), started up to `count` alive (default: one per four
+    cores, at most one per chart): the report's charts are drawn there, beside the Data Docs. Their imports take
+    other cores, not this process's time. Empty where no child process can be started (the charts are then drawn
+    in-process)."""
+    return start_workers(count)
 
 
 def _write(run_dir: Path) -> tuple[Path, Publication]:
     pub = load_publication(Path(run_dir))
-    worker, answer = running_worker(), None
-    if worker is not None:  # the charts are drawn there while the Data Docs are built here
-        try:
-            answer = worker.charts(pub.root)
-        except ChartWorkerError:
-            answer = None
+    asked = ask_for_charts(pub.root, running_workers())  # drawn there while the Data Docs are built here
     docs = build_data_docs(pub)
-    charts = None
-    if answer is not None:
+    charts: list[dict[str, str] | None] = [None] * CHART_COUNT
+    for worker, which, answer in asked:
         try:
-            charts = wait_for(answer, worker)
-        except ChartWorkerError:  # drawn here instead (render_html), where a real error is raised
-            charts = None
+            for index, chart in zip(which, wait_for(answer, worker)):
+                charts[index] = chart
+        except ChartWorkerError:  # drawn here instead, where a real error is raised
+            continue
+    missing = [index for index, chart in enumerate(charts) if chart is None]
+    for index, chart in zip(missing, report_charts(pub, missing) if missing else []):
+        charts[index] = chart
     path = pub.root / REPORT
     write_text_atomic(render_html(pub, docs, charts), path)
     return path, pub

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -130,14 +131,19 @@ def chart_throughput(rates: pd.DataFrame, average: float | None = None) -> str:
     return _png(fig)
 
 
-def report_charts(pub: Publication) -> list[dict[str, str]]:
-    """The page's four charts, in order, as {title, src}."""
+CHART_COUNT = 4  # the page's charts, in order: finish reasons, lengths, expectations, throughput
+
+
+def report_charts(pub: Publication, which: Sequence[int] | None = None) -> list[dict[str, str]]:
+    """The page's charts as {title, src}: all four in order, or those at the indices `which` (in that order), each
+    drawn from its own figures only, so that several processes can draw a page's charts between them."""
     bounds = pub.expectations
-    average = pub.manifest.tokens.output_per_second
-    return [
-        {"title": "Finish reasons per attempt", "src": chart_finish_reasons(finish_reasons_per_attempt(pub))},
-        {"title": "Output length against the expected bounds",
-         "src": chart_lengths(output_lengths(pub), bounds.get("min_chars"), bounds.get("max_chars"))},
-        {"title": "Pass rate per expectation", "src": chart_expectations(pass_rate_per_expectation(pub.validation))},
-        {"title": "Throughput over the run", "src": chart_throughput(throughput_over_time(pub), average)},
+    draw = [
+        ("Finish reasons per attempt", lambda: chart_finish_reasons(finish_reasons_per_attempt(pub))),
+        ("Output length against the expected bounds",
+         lambda: chart_lengths(output_lengths(pub), bounds.get("min_chars"), bounds.get("max_chars"))),
+        ("Pass rate per expectation", lambda: chart_expectations(pass_rate_per_expectation(pub.validation))),
+        ("Throughput over the run",
+         lambda: chart_throughput(throughput_over_time(pub), pub.manifest.tokens.output_per_second)),
     ]
+    return [{"title": draw[i][0], "src": draw[i][1]()} for i in (range(CHART_COUNT) if which is None else which)]

@@ -1,13 +1,14 @@
 """The report's charts drawn in a Python process of their own, started ahead of the report.
 
-After the engine is done, the report's two slow parts are the charts (matplotlib) and GX's Data Docs, both
-pure Python: in one process they run one after the other, whatever the cores. `ChartWorker` is a child
-process that imports matplotlib while the run works and says when it is ready; then it draws the charts of a
-publication directory (`report_charts(load_publication(run_dir))`, exactly what the report draws in-process)
-while the run's own process builds the Data Docs. It is a plain child (`python -m batchgen.report.worker`),
-not a multiprocessing one, so the parent's main module is never imported again there. It reads one request
-line on stdin and answers one JSON line on stdout; it exits when its stdin closes (its parent ended).
-Anything that goes wrong there (no interpreter, not ready yet, a crash, an error, no answer in time) is the
+After the engine is done, the report's two slow parts are the charts (matplotlib) and GX's Data Docs, both pure
+Python: in one process they run one after the other, whatever the cores. `ChartWorker` is a child process that
+imports matplotlib while the run works and says when it is ready; then it draws charts of a publication directory
+(`report_charts(load_publication(run_dir), which)`, exactly what the report draws in-process) while the run's own
+process builds the Data Docs. Where there are cores for it, several workers share a page's charts (`worker_count`,
+`ask_for_charts`): the page waits for its costliest chart, not the sum. A worker is a plain child (`python -m
+batchgen.report.worker`), not a multiprocessing one, so the parent's main module is never imported again there. It
+reads one request line on stdin and answers one JSON line on stdout; it exits when its stdin closes (its parent
+ended). Anything that goes wrong there (no interpreter, not ready yet, a crash, an error, no answer in time) is the
 caller's cue to draw the charts in-process instead, where a real error is raised.
 """
 
@@ -19,6 +20,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -81,9 +83,10 @@ class ChartWorker:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def charts(self, run_dir: Path) -> Future:
-        """Ask for the charts of `run_dir` (a sealed publication); the future's result is `report_charts`'s list,
-        or ChartWorkerError. Raises ChartWorkerError at once when the worker is not ready, busy or gone."""
+    def charts(self, run_dir: Path, which: Sequence[int] | None = None) -> Future:
+        """Ask for the charts of `run_dir` (a sealed publication), all or those at the indices `which`; the future's
+        result is `report_charts`'s list, or ChartWorkerError. Raises ChartWorkerError at once when the worker is
+        not ready, busy or gone."""
         if not self.ready.is_set() or not self.alive():
             raise ChartWorkerError("the chart worker is not ready")
         if not self._busy.acquire(blocking=False):
@@ -91,7 +94,8 @@ class ChartWorker:
         answer: Future = Future()
         self._answer = answer
         try:
-            self.process.stdin.write((json.dumps({"run_dir": str(Path(run_dir).resolve())}) + "\n").encode())
+            request = {"run_dir": str(Path(run_dir).resolve()), "which": None if which is None else list(which)}
+            self.process.stdin.write((json.dumps(request) + "\n").encode())
             self.process.stdin.flush()
         except (OSError, ValueError) as exc:
             self._answer = None
@@ -119,33 +123,67 @@ def wait_for(answer: Future, worker: ChartWorker, timeout: float = ANSWER_SECOND
         raise ChartWorkerError(f"the chart worker gave no answer in {timeout:.0f} s") from exc
 
 
-_worker: ChartWorker | None = None
+def worker_count() -> int:
+    """How many chart workers a report uses: one per four cores this process may run on, one to CHART_COUNT (each
+    draws a share of the page's charts, at the same time)."""
+    from batchgen.report.charts import CHART_COUNT
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(CHART_COUNT, cores // 4))
+
+
+_workers: list[ChartWorker] = []
 _starting = threading.Lock()
 
 
-def start_worker() -> ChartWorker | None:
-    """The process's chart worker, started now if there is none alive (one per process, reused by later runs);
-    None if no child process can be started here."""
-    global _worker
+def start_workers(count: int | None = None) -> list[ChartWorker]:
+    """The process's chart workers, started now up to `count` alive (default `worker_count()`; reused by later
+    runs); those that could be started (none where no child process can be started here)."""
+    global _workers
+    wanted = worker_count() if count is None else count
     with _starting:
-        if _worker is None or not _worker.alive():
+        alive = [worker for worker in _workers if worker.alive()]
+        while len(alive) < wanted:
             try:
-                _worker = ChartWorker.start()
+                alive.append(ChartWorker.start())
             except (OSError, ValueError, subprocess.SubprocessError):
-                _worker = None
-        return _worker
+                break
+        _workers = alive
+        return list(alive)
 
 
-def running_worker() -> ChartWorker | None:
-    """The chart worker if one was started (`start_worker`) and is alive."""
-    worker = _worker
-    return worker if worker is not None and worker.alive() else None
+def running_workers() -> list[ChartWorker]:
+    """The chart workers started (`start_workers`) and alive."""
+    return [worker for worker in _workers if worker.alive()]
+
+
+def ask_for_charts(run_dir: Path, workers: list[ChartWorker]) -> list[tuple[ChartWorker, list[int], Future]]:
+    """Share a page's charts among the ready `workers` (the costliest first, in turn) and ask each for its share;
+    returns (worker, chart indices, answer) for every request sent. A worker that cannot take its share (not
+    ready, busy, gone) is left out: its charts are for the caller to draw."""
+    from batchgen.report.charts import CHART_COUNT
+
+    ready = [worker for worker in workers if worker.ready.is_set()]
+    if not ready:
+        return []
+    by_cost = [1, 2, 3, 0][:CHART_COUNT]  # lengths (a histogram), expectations, throughput, finish reasons
+    shares = [sorted(by_cost[i::len(ready)]) for i in range(min(len(ready), CHART_COUNT))]
+    asked = []
+    for worker, which in zip(ready, shares):
+        try:
+            asked.append((worker, which, worker.charts(run_dir, which)))
+        except ChartWorkerError:
+            continue
+    return asked
 
 
 @atexit.register
 def _close() -> None:
-    if _worker is not None:
-        _worker.close()
+    for worker in _workers:
+        worker.close()
 
 
 def serve(requests: Any, answers: Any) -> None:
@@ -155,8 +193,9 @@ def serve(requests: Any, answers: Any) -> None:
 
     for line in requests:
         try:
-            run_dir = Path(json.loads(line)["run_dir"])
-            reply: dict[str, Any] = {"charts": report_charts(load_publication(run_dir))}
+            request = json.loads(line)
+            reply: dict[str, Any] = {"charts": report_charts(load_publication(Path(request["run_dir"])),
+                                                             request.get("which"))}
         except Exception as exc:  # noqa: BLE001  (the parent draws in-process, where the error is raised)
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         answers.write(json.dumps(reply) + "\n")

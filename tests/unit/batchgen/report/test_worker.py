@@ -1,5 +1,5 @@
-"""The chart worker (batchgen.report.worker): a child process that draws a publication's charts while the Data Docs
-are built, the same images as in-process; when it cannot, the report draws them itself."""
+"""The chart workers (batchgen.report.worker): child processes that draw a publication's charts (a share each) while
+the Data Docs are built, the same images as in-process; what they cannot draw, the report draws itself."""
 
 from __future__ import annotations
 
@@ -12,17 +12,26 @@ import batchgen.report.worker as worker_module
 from batchgen.report import REPORT, write_report, write_report_and_markdown
 from batchgen.report.charts import report_charts
 from batchgen.report.read import load_publication
-from batchgen.report.worker import ChartWorker, ChartWorkerError, wait_for
+from batchgen.report.worker import ChartWorker, ChartWorkerError, ask_for_charts, wait_for, worker_count
 from tests.unit.batchgen.report.publication import make_publication
 
 
-@pytest.fixture(scope="module")
-def worker():
+def _ready_worker():
     started = ChartWorker.start()
     assert started.ready.wait(timeout=120), "the chart worker never said it was ready"
     yield started
     started.close()
     started.process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    yield from _ready_worker()
+
+
+@pytest.fixture(scope="module")
+def second_worker():
+    yield from _ready_worker()
 
 
 def without_ids(page: str) -> str:
@@ -34,6 +43,35 @@ def without_ids(page: str) -> str:
 def test_the_worker_draws_the_same_images_as_the_report_does_in_process(published, worker):
     root, _, _ = published
     assert wait_for(worker.charts(root), worker, timeout=120) == report_charts(load_publication(root))
+
+
+def test_a_worker_draws_the_charts_it_is_asked_for_in_the_order_asked(published, worker):
+    root, _, _ = published
+    drawn = report_charts(load_publication(root))
+    assert wait_for(worker.charts(root, [3, 1]), worker, timeout=120) == [drawn[3], drawn[1]]
+
+
+def test_the_charts_are_shared_among_the_ready_workers_each_asked_once(published, worker, second_worker):
+    root, _, _ = published
+    starting = ChartWorker.start()  # not ready yet: left out, not waited for
+    try:
+        asked = ask_for_charts(root, [worker, starting, second_worker])
+        assert [w for w, _, _ in asked] == [worker, second_worker]
+        shares = [which for _, which, _ in asked]
+        assert sorted(i for which in shares for i in which) == [0, 1, 2, 3] and all(len(w) == 2 for w in shares)
+        assert 1 in shares[0]  # the costliest (the length histogram) goes to the first worker
+        drawn = report_charts(load_publication(root))
+        for w, which, answer in asked:
+            assert wait_for(answer, w, timeout=120) == [drawn[i] for i in which]
+    finally:
+        starting.kill()
+        starting.process.wait(timeout=30)
+
+
+def test_one_worker_per_four_cores_one_to_four(monkeypatch):
+    for cores, workers in ((1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (128, 4)):
+        monkeypatch.setattr(worker_module.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        assert worker_count() == workers
 
 
 def test_a_publication_the_worker_cannot_read_fails_its_request_and_it_keeps_serving(tmp_path, published, worker):
@@ -58,23 +96,27 @@ def test_one_request_at_a_time_and_none_before_the_worker_is_ready(published, wo
         starting.process.wait(timeout=30)
 
 
-def test_the_report_is_the_same_with_the_worker_without_it_and_when_it_died(tmp_path, monkeypatch, worker):
-    roots = [tmp_path / name for name in ("in-process", "worker", "died")]
+def test_the_report_is_the_same_with_workers_without_them_and_when_one_died(tmp_path, monkeypatch, worker,
+                                                                          second_worker):
+    roots = [tmp_path / name for name in ("in-process", "worker", "two-workers", "died")]
     make_publication(roots[0])
     for root in roots[1:]:
         shutil.copytree(roots[0], root)
-    monkeypatch.setattr(worker_module, "_worker", None)
+    monkeypatch.setattr(worker_module, "_workers", [])
     write_report(roots[0])
-    monkeypatch.setattr(worker_module, "_worker", worker)
+    monkeypatch.setattr(worker_module, "_workers", [worker])
     _, markdown = write_report_and_markdown(roots[1])
+    monkeypatch.setattr(worker_module, "_workers", [worker, second_worker])
+    write_report(roots[2])
     dead = ChartWorker.start()
     dead.kill()
     dead.process.wait(timeout=30)
-    dead.ready.set()  # as if it had been ready before it died
-    monkeypatch.setattr(worker_module, "_worker", dead)
-    write_report(roots[2])
+    dead.ready.set()  # as if it had been ready before it died: its share is drawn in-process
+    monkeypatch.setattr(worker_module, "_workers", [worker, dead])
+    monkeypatch.setattr(worker_module.ChartWorker, "alive", lambda self: True)  # it died after the run looked
+    write_report(roots[3])
     pages = [without_ids((root / REPORT).read_text(encoding="utf-8")) for root in roots]
-    assert pages[0] == pages[1] == pages[2]
+    assert pages[0] == pages[1] == pages[2] == pages[3]
     assert len(re.findall(r'<img class="chart"', pages[1])) == 4
     assert "**Finish reasons per attempt**" in markdown and str(roots[1] / REPORT) in markdown
 
