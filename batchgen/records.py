@@ -343,8 +343,9 @@ class RunTotals:
         """The manifest's timings_seconds, from perf_counter values: the run's start and the end of its windows.
 
         generate: from the first request entering the engine to the last output; engine_calls: the tasks' time in
-        the engine, summed, at most generate (windows overlap); first_request / first_output: from the start to the
-        first request entering the engine / the first committed output."""
+        the engine, summed, at most generate (windows overlap); first_request / first_output / last_output: from the
+        start to the first request entering the engine / the first committed output / the engine's last output (what
+        follows it, to total_before_publish, is the last windows' validation and staging)."""
         engine = self.engine
         span = (engine.last_output_at - engine.first_added_at) if engine.first_added_at is not None else 0.0
         timings = {"load_and_prompts": self.seconds["load_and_prompts"],
@@ -354,6 +355,8 @@ class RunTotals:
             timings["first_request"] = engine.first_added_at - started
         if engine.first_commit_at is not None:
             timings["first_output"] = engine.first_commit_at - started
+        if engine.last_output_at is not None and engine.first_added_at is not None:
+            timings["last_output"] = engine.last_output_at - started
         return timings
 
 

@@ -24,6 +24,15 @@ RATIO_KEYS = ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_raw_vs_seri
 
 
 
+def around_sentence(around: dict[str, float] | None) -> str:
+    """The flow's time before the engine's first request and after its last output (run.around_engine)."""
+    if not around:
+        return ""
+    return (f"; outside the engine's span {around['before_first_request']:.2f} s before its first request and "
+            f"{around['after_last_output']:.2f} s after its last output (the last windows' validation and staging "
+            f"{around['last_windows']:.2f} s, publish and Prefect {around['publish_and_prefect']:.2f} s)")
+
+
 def feed_sentence(feed: dict[str, Any] | None, generate_seconds: float) -> str:
     """How full the flow kept the engine (batchgen.stream.EngineStream.feed over the flow's run)."""
     if not feed or not feed.get("busy_seconds"):
@@ -162,6 +171,7 @@ def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "")
             + (f", of which {over['report_build_seconds']:.1f} s build report.html and the GX Data Docs (a fixed "
                f"cost per run: {over['per_item_ms_without_report']:.1f} ms per item without it)"
                if over.get("report_build_seconds") is not None else "")
+            + around_sentence(over.get("around_engine"))
             + ". While the engine had requests it made "
             f"{_num(over['engine_calls_output_tokens_per_second'])} output tokens/s "
             f"(results committed in {over['engine_calls']} batch(es) of at most {config['chunk_size']}; raw vLLM: "

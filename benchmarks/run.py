@@ -603,7 +603,22 @@ def run_flow(job: Any, memory: TreeMemory, prompt_ids: dict[str, list[int]] | No
                                 first_result_basis=basis["generation"])
     return {"flow": flow, "generation": generation, "manifest": manifest, "attempts": attempts,
             "prompts_identical": identical, "wall": wall, "engine_chunks": int(attempts["chunk_seconds"].nunique()),
-            "engine_feed": feed}
+            "engine_feed": feed, "around_engine": around_engine(timings, body_started - called_at, wall)}
+
+
+def around_engine(timings: dict[str, float], body_offset: float, wall: float) -> dict[str, float] | None:
+    """The flow's time outside the engine's span, from the call: before its first request (Prefect's flow run,
+    the checks, loading, the first window's prompts) and after its last output (the last windows' validation and
+    staging, then publishing and Prefect's end of the run). `body_offset`: the flow body's start after the call.
+    None when the manifest has no engine span (nothing generated, or a manifest from before last_output)."""
+    first, last = timings.get("first_request"), timings.get("last_output")
+    if first is None or last is None:
+        return None
+    before_publish = timings["total_before_publish"]
+    return {"before_first_request": round(body_offset + first, 3),
+            "after_last_output": round(wall - body_offset - last, 3),
+            "last_windows": round(max(0.0, before_publish - last), 3),
+            "publish_and_prefect": round(wall - body_offset - before_publish, 3)}
 
 
 def engine_feed(job: Any) -> dict[str, Any] | None:
@@ -945,6 +960,8 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
                 # how full the engine was kept while the flow ran: seconds stepping, of which with at least
                 # max_num_seqs requests in it, and its time-weighted count of requests
                 "engine_feed": rounded(run["engine_feed"]),
+                # the fixed cost around the engine's span: before its first request, after its last output
+                "around_engine": run["around_engine"],
             },
             # with --repeats, the medians of the pairs' ratios (the table above is the median pair's)
             "ratio_flow_vs_raw": spread["ratio_flow_vs_raw"],

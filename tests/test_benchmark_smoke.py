@@ -49,6 +49,14 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     for key in ("ratio_flow_vs_raw", "ratio_generation_vs_raw"):
         assert result[key] == pytest.approx(statistics.median(p[key] for p in pairs), abs=1e-4)
 
+    # the flow's time outside the engine's span: before its first request and after its last output, whose parts
+    # (the last windows, then publishing) make it up
+    around = result["sizes"]["8"]["pipeline_overhead"]["around_engine"]
+    assert around["before_first_request"] > 0 and around["after_last_output"] > 0
+    assert around["last_windows"] + around["publish_and_prefect"] == pytest.approx(around["after_last_output"],
+                                                                                   abs=2e-3)
+    assert around["before_first_request"] + around["after_last_output"] < methods["flow"]["wall_seconds"]
+
     beside = result["sizes"]["8"]["raw_beside_pipeline"]  # raw once more, the stand-in pipeline's run beside it
     assert beside["beside"]["pipeline_items"] == 40 and beside["beside"]["pipeline_cpu_seconds"]["main"] > 0
     assert beside["output_tokens_per_second"] > 0 and beside["ratio_vs_raw_alone"] > 0
@@ -56,6 +64,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     table = (out / "latest.md").read_text(encoding="utf-8")
     assert "| method |" in table and "raw vLLM" in table and "ratio_flow_vs_raw" in table
     assert "Repeats: 2 pairs" in table and "| 2 |" in table and "Raw vLLM beside the pipeline" in table
+    assert "after its last output (the last windows' validation and staging" in table
     assert (out / "latest.png").read_bytes().startswith(b"\x89PNG")
 
 

@@ -81,7 +81,9 @@ def test_engine_stats_of_overlapping_tasks_sum_their_work_and_span_their_times()
     timings = RunTotals(engine=both).timings(started=4.0, before_publish=10.0)
     assert timings["generate"] == 4.0 and timings["engine_calls"] == 3.5  # overlap: engine time, not the sum
     assert timings["first_request"] == 1.0 and timings["first_output"] == 2.5
+    assert timings["last_output"] == 5.0  # then 1.0 s of the last windows' validation and staging
     assert timings["total_before_publish"] == 6.0
+    assert "last_output" not in RunTotals().timings(started=4.0, before_publish=4.5)  # nothing generated
 
 
 def test_run_totals_keep_each_pass_s_validation_results_together():
