@@ -550,8 +550,8 @@ class JobSpec(_Section):
     windows_in_flight: int | None = Field(
         None, ge=1, le=8, description="Windows feeding the engine their first pass at once: while the engine "
         "generates one window, the next one's prompts are built; a window whose first pass is done leaves its "
-        "place to the next one while its retries, validation and staging go on (at most twice this many windows "
-        "are held). Default: 3 on GPUs; 1 on CPU builds, where the engine itself needs every core."
+        "place to the next one while its retries, validation and staging go on (at most eight times this many "
+        "windows are held: a cut-off output's retries take far longer than a window's first pass). Default: 3 on GPUs; 1 on CPU builds, where the engine itself needs every core."
     )
 
     @model_validator(mode="after")

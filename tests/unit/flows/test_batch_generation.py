@@ -8,7 +8,15 @@ import time
 
 import pytest
 
-from flows.batch_generation import RAMP, FeedingWindows, FirstPromptsFirst, item_windows
+from flows.batch_generation import (
+    RAMP,
+    WINDOWS_HELD_PER_PLACE,
+    FeedingWindows,
+    FirstPromptsFirst,
+    in_parallel,
+    item_windows,
+    window_workers,
+)
 
 
 def widths(bounds: list[tuple[int, int]]) -> list[int]:
@@ -138,3 +146,29 @@ def test_a_window_that_fails_gives_its_slot_back():
             raise RuntimeError("window 1 failed")
     with feeding.slot(2):  # would wait forever if window 1 kept its slot
         pass
+
+
+def test_windows_in_their_retries_do_not_keep_the_next_ones_from_a_free_place():
+    """Three places; every window leaves its place once its first pass is done, then its retries take long. The
+    windows after the first six still get a free place while the first ones are in their retries (with two threads
+    per place, window 7 waited for a whole window to be staged: on the H200 the engine lost its first-pass work)."""
+    places, windows = 3, 12  # four windows per place: more than two threads per place hold
+    feeding, lock = FeedingWindows(places), threading.Lock()
+    fed: list[int] = []
+    retries_end = threading.Event()  # the long retry chains of every window end together, at the end
+
+    def window(index: int) -> None:
+        with feeding.slot(index) as first_pass_done:
+            with lock:
+                fed.append(index)
+            first_pass_done()
+            if index < windows:
+                retries_end.wait(30)
+        if index == windows:  # the last window had its place: everything before it is in its retries
+            retries_end.set()
+
+    started = time.monotonic()
+    in_parallel(window, list(range(1, windows + 1)), workers=window_workers(places))
+    assert fed == list(range(1, windows + 1))
+    assert time.monotonic() - started < 10  # no window waited for another's retries to end
+    assert window_workers(1) == WINDOWS_HELD_PER_PLACE  # on CPU builds too: one place, its windows' retries beside
