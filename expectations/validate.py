@@ -7,7 +7,9 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,23 +59,23 @@ def validate_rows(rows: pd.DataFrame, spec: ExpectationsSpec, keywords: pd.Serie
     """Validate every row with a GX suite built from the job; each row gets the list of expectations it failed."""
     _quiet_gx()
     frame = prepare_frame(rows, keywords)
-    built, validator = _suite_of(spec, suite_name, json_schema, structured)
-    failed: list[list[str]] = [[] for _ in range(len(frame))]
-    result_json: dict[str, Any] = {"success": True, "results": [], "statistics": {}}
-    if len(frame) and built.expectations:
-        definition, suite = validator()
-        batch = definition.get_batch(batch_parameters={"dataframe": frame})
-        # Row positions, not row keys: GX builds one dict per failing row for unexpected_index_column_names,
-        # which cost 4x the whole validation (2,048 rows: 0.28 s against 0.07 s).
-        result = batch.validate(suite, result_format={"result_format": "COMPLETE"})
-        keys = frame[ROW_KEY].tolist()
-        for outcome in result.results:
-            name = outcome.expectation_config.meta.get("batchgen_id", outcome.expectation_config.type)
-            for position in outcome.result.get("unexpected_index_list") or []:
-                if name not in failed[position]:
-                    failed[position].append(name)
-            _bound_lists(outcome.result, keys)
-        result_json = result_as_json(result)
+    with _suite_of(spec, suite_name, json_schema, structured) as (built, validator):
+        failed: list[list[str]] = [[] for _ in range(len(frame))]
+        result_json: dict[str, Any] = {"success": True, "results": [], "statistics": {}}
+        if len(frame) and built.expectations:
+            definition, suite = validator()
+            batch = definition.get_batch(batch_parameters={"dataframe": frame})
+            # Row positions, not row keys: GX builds one dict per failing row for unexpected_index_column_names,
+            # which cost 4x the whole validation (2,048 rows: 0.28 s against 0.07 s).
+            result = batch.validate(suite, result_format={"result_format": "COMPLETE"})
+            keys = frame[ROW_KEY].tolist()
+            for outcome in result.results:
+                name = outcome.expectation_config.meta.get("batchgen_id", outcome.expectation_config.type)
+                for position in outcome.result.get("unexpected_index_list") or []:
+                    if name not in failed[position]:
+                        failed[position].append(name)
+                _bound_lists(outcome.result, keys)
+            result_json = result_as_json(result)
     verdicts = pd.DataFrame({
         ROW_KEY: frame[ROW_KEY],
         "passed": [not reasons for reasons in failed],
@@ -82,30 +84,34 @@ def validate_rows(rows: pd.DataFrame, spec: ExpectationsSpec, keywords: pd.Serie
     return Validation(verdicts=verdicts, result=result_json, statistics=result_json.get("statistics", {}))
 
 
-# A thread's GX suites, ready to validate: the ephemeral context, its pandas data source, the batch definition and
-# the saved suite, made once per suite and thread (~40 ms each time, a third of a 2,048-row window's validation).
-# Per thread because GX's contexts and data sources are not made for threads to share; the flow's windows run on
-# threads of their own, made for the run, so nothing outlives the run's threads.
-_SUITES = threading.local()
+# GX suites ready to validate: an ephemeral context, its pandas data source, the batch definition and the saved
+# suite (~40 ms to make, a third of a 2,048-row window's validation). GX's contexts and data sources are not made
+# for threads to share, so each is lent to one validation at a time and given back after it: the flow's windows
+# run on threads of their own, and a window on a fresh thread takes a context another window gave back instead of
+# making one. Kept for the SUITE_KEYS suites used last in the process.
+_FREE: OrderedDict[tuple, list[list[Any]]] = OrderedDict()
+_FREE_LOCK = threading.Lock()
+SUITE_KEYS = 8
 
 
+@contextmanager
 def _suite_of(spec: ExpectationsSpec, suite_name: str, json_schema: dict[str, Any] | None,
-              structured: tuple[str, Any] | None) -> tuple[Any, Callable[[], tuple[Any, Any]]]:
+              structured: tuple[str, Any] | None) -> Iterator[tuple[Any, Callable[[], tuple[Any, Any]]]]:
     """The suite as built from the job (its expectations), and a function giving its batch definition and saved
-    suite in this thread's context (made at the first call)."""
+    suite in a context lent to this block alone (made at the first call where none is free)."""
     key = (suite_name, spec.model_dump_json(), json.dumps(json_schema, sort_keys=True, default=str),
            repr(structured), os.environ.get("BATCHGEN_VERBOSE"))
-    cache: dict[tuple, list[Any]] = getattr(_SUITES, "entries", None) or {}
-    _SUITES.entries = cache
-    if key not in cache:
+    with _FREE_LOCK:
+        free = _free(key)
+        entry = free.pop() if free else None
+    if entry is None:
         import great_expectations as gx
         from great_expectations.data_context.types.base import ProgressBarsConfig
 
         context = gx.get_context(mode="ephemeral")  # suites need an active context, even before they are saved
         if os.environ.get("BATCHGEN_VERBOSE") != "1":  # GX's metric bars (tqdm): noise in a batch job's log
             context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
-        cache[key] = [context, build_suite(spec, suite_name, json_schema, structured), None]
-    entry = cache[key]
+        entry = [context, build_suite(spec, suite_name, json_schema, structured), None]
 
     def validator() -> tuple[Any, Any]:
         if entry[2] is None:
@@ -114,7 +120,21 @@ def _suite_of(spec: ExpectationsSpec, suite_name: str, json_schema: dict[str, An
             entry[2] = (asset.add_batch_definition_whole_dataframe("all"), context.suites.add(built))
         return entry[2]
 
-    return entry[1], validator
+    try:
+        yield entry[1], validator
+    finally:
+        with _FREE_LOCK:
+            _free(key).append(entry)
+
+
+def _free(key: tuple) -> list[list[Any]]:
+    """The contexts given back for suite `key`, now the last used (under _FREE_LOCK); the suites used longest ago
+    beyond SUITE_KEYS are let go."""
+    free = _FREE.setdefault(key, [])
+    _FREE.move_to_end(key)
+    while len(_FREE) > SUITE_KEYS:
+        _FREE.popitem(last=False)
+    return free
 
 
 def result_as_json(result: Any) -> dict[str, Any]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import pandas as pd
 import pytest
 
@@ -210,14 +213,17 @@ def test_the_published_result_is_gx_own_json_of_the_validation(monkeypatch):
     keywords = pd.Series({item: c[2] for item, c in CASES.items()}, dtype="string")
     validate_rows(rows, SPEC, keywords, suite_name="unit-json")
     good = rows[rows["item_id"] == "good"]
-    validate_rows(good, SPEC, keywords, suite_name="unit-json")  # the same suite again: this thread's cached one
+    validate_rows(good, SPEC, keywords, suite_name="unit-json")  # the same suite again: the context given back
     assert compared == [6, 6]
 
 
-def test_each_thread_validates_in_its_own_context_with_the_same_verdicts():
-    """The suite is made once per thread (GX's contexts are not shared between threads); windows validated on
-    several threads at once get the verdicts one thread gives."""
+def test_validations_on_many_threads_share_contexts_one_at_a_time_with_the_same_verdicts(monkeypatch):
+    """A GX context is lent to one validation at a time (GX's contexts are not shared between threads) and given
+    back: windows validated on several threads at once get the verdicts one thread gives, and a fresh thread takes
+    a context given back rather than making one."""
     from concurrent.futures import ThreadPoolExecutor
+
+    import expectations.validate as validating
 
     rows = pd.DataFrame({
         "item_id": list(CASES), "candidate": [0] * len(CASES), "attempt": [1] * len(CASES),
@@ -225,9 +231,30 @@ def test_each_thread_validates_in_its_own_context_with_the_same_verdicts():
     })
     keywords = pd.Series({item: c[2] for item, c in CASES.items()}, dtype="string")
     alone = validate_rows(rows, SPEC, keywords, suite_name="unit-threads").verdicts
+    lent, made, lock = set(), [], threading.Lock()
+    borrow = validating._suite_of.__wrapped__
+
+    @contextlib.contextmanager
+    def watched(*args):
+        with contextlib.contextmanager(borrow)(*args) as (built, validator):
+            with lock:
+                assert id(built) not in lent, "one context lent to two validations at once"
+                lent.add(id(built))
+                made.append(id(built))
+            try:
+                yield built, validator
+            finally:
+                with lock:
+                    lent.discard(id(built))
+
+    monkeypatch.setattr(validating, "_suite_of", watched)
     with ThreadPoolExecutor(max_workers=3) as pool:
         together = list(pool.map(lambda _: validate_rows(rows, SPEC, keywords, suite_name="unit-threads").verdicts,
                                  range(6)))
     for verdicts in together:
         assert verdicts["passed"].tolist() == alone["passed"].tolist()
         assert [sorted(f) for f in verdicts["failed"]] == [sorted(f) for f in alone["failed"]]
+    assert len(set(made)) <= 3  # at most one context per validation running at once, the others reused
+    with ThreadPoolExecutor(max_workers=1) as fresh:  # a thread that never validated before
+        fresh.submit(validate_rows, rows, SPEC, keywords, suite_name="unit-threads").result()
+    assert made[-1] in made[:-1]  # it took a context given back
