@@ -15,7 +15,8 @@ Layout of `output.dir`:
 
 `Publication` is the one writer, for a run and for the shard merge alike: `open` makes a new
 publication directory that no reader looks at yet; `add_window` writes a window's rows into it
-(and sums the window's totals); `seal` joins them into the tables, then writes validation.json,
+(and sums the window's totals), and joins them into the tables as the windows come, in order;
+`seal` closes the tables (or joins the parts, `_WindowJoin`), then writes validation.json,
 the dataset card and the manifest; anything else that belongs to the publication (a report,
 Data Docs) is added to it next; `commit` then points `current` at it with one rename of a
 symlink, which is atomic. A crash before that rename leaves `current` on the previous complete
@@ -194,38 +195,158 @@ def unified_schema(schemas: list[pa.Schema]) -> pa.Schema:
     return pa.schema([pa.field(f.name, pa.string()) if pa.types.is_null(f.type) else f for f in unified])
 
 
+class _TableWriter:
+    """One table's Parquet file and its JSON-lines mirror (`mirror`; None: none), written a piece at a time, each
+    piece cast to `schema`. A piece may come with the file of its JSON lines, rendered when its window was staged
+    (`add_window`): they are copied as they are when the piece's schema is the table's, else rendered again."""
+
+    def __init__(self, path: Path, mirror: Path | None, schema: pa.Schema):
+        self.schema, self.rows = schema, 0
+        self._lines = open(mirror, "wb") if mirror is not None else None
+        try:
+            self._writer = pq.ParquetWriter(path, schema)
+        except BaseException:
+            if self._lines is not None:
+                self._lines.close()
+            raise
+
+    def write(self, table: pa.Table, rendered: Path | None = None) -> None:
+        same = table.schema == self.schema
+        table = table if same else table.select(self.schema.names).cast(self.schema)
+        self._writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        self.rows += table.num_rows
+        if self._lines is None:
+            return
+        if same and rendered is not None and rendered.is_file():  # the part's own lines, as written
+            with open(rendered, "rb") as part:
+                shutil.copyfileobj(part, self._lines, 1 << 20)
+        else:  # a part whose columns were unified with other windows' (or a merge's table): as published
+            self._lines.write(_jsonl(table).encode("utf-8"))
+
+    def close(self) -> None:
+        try:
+            self._writer.close()
+        finally:
+            if self._lines is not None:
+                self._lines.close()
+
+
+def _file_entries(staging: Path, name: str, rows: int, jsonl: bool) -> dict[str, Any]:
+    """The manifest's entries for a table's file and its mirror: rows and SHA-256."""
+    files = {name: {"rows": rows, "sha256": sha256_of(staging / name)}}
+    if jsonl:
+        files[mirror_name(name)] = {"rows": rows, "sha256": sha256_of(staging / mirror_name(name))}
+    return files
+
+
 def _write_table(tables: Iterable[pa.Table | tuple[pa.Table, Path]], schema: pa.Schema, staging: Path, name: str,
                  jsonl: bool) -> dict[str, Any]:
-    """Write tables one after another into one Parquet file `name` (and its JSON-lines mirror), atomically.
-    A piece may come with the file of its JSON lines, rendered when its window was staged (`add_window`): they
-    are copied as they are when the piece's schema is the table's."""
+    """Write tables one after another into one Parquet file `name` (and its JSON-lines mirror), atomically; a
+    piece may come with the file of its JSON lines (`_TableWriter`)."""
     path, mirror = staging / name, staging / mirror_name(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     if jsonl:
         mirror.parent.mkdir(parents=True, exist_ok=True)
-    rows = 0
     # No fsync here: commit() syncs every file of the publication before the switch.
     with replaced(path, sync=False) as tmp, \
             (replaced(mirror, sync=False) if jsonl else contextlib.nullcontext()) as tmp_mirror:
-        with pq.ParquetWriter(tmp, schema) as writer, \
-                (open(tmp_mirror, "wb") if jsonl else contextlib.nullcontext()) as lines:
+        writer = _TableWriter(tmp, tmp_mirror, schema)
+        try:
             for piece in tables:
                 table, rendered = piece if isinstance(piece, tuple) else (piece, None)
-                same = table.schema == schema
-                table = table if same else table.select(schema.names).cast(schema)
-                writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
-                rows += table.num_rows
-                if lines is None:
-                    continue
-                if same and rendered is not None and rendered.is_file():  # the part's own lines, as written
-                    with open(rendered, "rb") as part:
-                        shutil.copyfileobj(part, lines, 1 << 20)
-                else:  # a part whose columns were unified with other windows' (or a merge's table): as published
-                    lines.write(_jsonl(table).encode("utf-8"))
-    files = {name: {"rows": rows, "sha256": sha256_of(path)}}
-    if jsonl:
-        files[mirror_name(name)] = {"rows": rows, "sha256": sha256_of(mirror)}
-    return files
+                writer.write(table, rendered)
+        finally:
+            writer.close()
+    return _file_entries(staging, name, writer.rows, jsonl)
+
+
+class _WindowJoin:
+    """The windows' parts joined into the publication's tables while the run goes on, in window order (windows
+    are numbered from 1 with no gap, as the flow numbers them): a window is joined as soon as the windows before
+    it are, by the thread that staged it or the one joining already, so that seal has the last windows left to
+    write, not all of them again. Each table is written with its first window's schema; seal uses what was
+    joined when that is the schema of all the windows' parts (`unified_schema`) and it holds every window once,
+    in order, else it joins the parts (a column Arrow inferred differently in a later window, a window staged
+    twice, a failed write): the same bytes either way."""
+
+    def __init__(self, directory: Path, jsonl: bool):
+        self.directory, self.jsonl = directory, jsonl
+        self.joined: list[int] = []
+        self.writers: dict[str, _TableWriter] = {}
+        self.broken: str | None = None  # why the parts are joined at seal instead
+        self._next = 1
+        # staged windows waiting for the ones before them: their tables (None: read back) and their parts' schemas
+        self._ready: dict[int, tuple[dict[str, pa.Table] | None, dict[str, pa.Schema]]] = {}
+        self._busy = False  # a thread is joining: a window staged meanwhile is left to it
+        self._state = threading.Condition()
+
+    def path(self, name: str) -> Path:
+        return self.directory / f"{Path(name).stem}.joined.parquet"
+
+    def add(self, index: int, tables: dict[str, pa.Table], schemas: dict[str, pa.Schema]) -> None:
+        """Window `index`, just staged as parts (`tables` and their files' `schemas`, by table file): joined now if
+        its turn has come (and any staged windows after it), else when the window before it is."""
+        with self._state:
+            if self.broken is not None:
+                return
+            if index < self._next or index in self._ready:
+                self.broken = f"window {index} staged twice"
+                return
+            self._ready[index] = (tables if index == self._next else None, schemas)  # a later one: read back
+            if self._busy:
+                return
+            self._busy = True
+        while True:
+            with self._state:
+                if self.broken is not None or self._next not in self._ready:
+                    self._busy = False
+                    self._state.notify_all()
+                    return
+                index = self._next
+                tables, schemas = self._ready.pop(index)
+            try:
+                self._write(index, tables, schemas)
+            except Exception as error:  # the parts are all there: seal joins them, and meets the error again if
+                with self._state:       # it was more than this join's
+                    self.broken = f"window {index}: {type(error).__name__}: {error}"
+                    self._busy = False
+                    self._state.notify_all()
+                return
+            with self._state:
+                self.joined.append(index)
+                self._next += 1
+
+    def _write(self, index: int, tables: dict[str, pa.Table] | None, schemas: dict[str, pa.Schema]) -> None:
+        for name in TABLE_FILES.values():
+            part = self.directory / f"{Path(name).stem}-{index:06d}"
+            table = tables[name] if tables is not None else pq.read_table(part.with_suffix(".parquet"))
+            writer = self.writers.get(name)
+            if writer is None:
+                mirror = self.path(name).with_suffix(".jsonl") if self.jsonl else None
+                # the schema as seal's join of the parts reads it back (a list's items named `element`, not `item`)
+                writer = self.writers[name] = _TableWriter(self.path(name), mirror, unified_schema([schemas[name]]))
+            writer.write(table, part.with_suffix(".jsonl") if self.jsonl else None)
+
+    def finish(self, schemas: dict[str, pa.Schema], windows: list[int]) -> str | None:
+        """Close the joined files once no window is being joined. None when they are the tables of `windows` (every
+        staged window, in order) with `schemas` (the windows' parts' unified schemas, by table file), else why not."""
+        with self._state:
+            while self._busy:
+                self._state.wait()
+            broken, self.broken = self.broken, self.broken or "finished"  # nothing joins after this
+            joined = list(self.joined)
+        for writer in self.writers.values():
+            try:
+                writer.close()
+            except Exception as error:
+                broken = broken or f"closing: {type(error).__name__}: {error}"
+        if broken is not None:
+            return broken
+        if not windows or joined != windows:
+            return f"windows {joined} joined of {windows}"
+        changed = [Path(name).stem for name, schema in schemas.items()
+                   if name not in self.writers or self.writers[name].schema != schema]
+        return f"a later window changed the columns of {', '.join(changed)}" if changed else None
 
 
 def _history(out_dir: Path) -> list[str]:
@@ -258,6 +379,9 @@ class Publication:
         self.manifest: Manifest | None = None
         self.committed = False
         self._lock = threading.Lock()
+        self._join = _WindowJoin(self.staging / PARTS, jsonl)
+        self.join_fallback: str | None = None  # after seal: why the tables were not the ones joined as staged
+        self._schemas: dict[str, dict[int, pa.Schema]] = {name: {} for name in TABLE_FILES.values()}  # by window
 
     @classmethod
     def open(cls, out_dir: Path, **options: Any) -> Publication:
@@ -293,6 +417,11 @@ class Publication:
             if self.jsonl:  # its JSON lines now, while the engine works on later windows, not all at seal
                 write_text(_jsonl(table), part.with_suffix(".jsonl"), sync=False)
             write_atomic(table, part.with_suffix(".parquet"), sync=False)
+        schemas = {name: pq.read_schema(parts / f"{Path(name).stem}-{index:06d}.parquet") for name in tables}
+        with self._lock:
+            for name, schema in schemas.items():
+                self._schemas[name][index] = schema
+        self._join.add(index, tables, schemas)
         with self._lock:
             self.totals = self.totals + totals
             self.windows_done = time.perf_counter()
@@ -305,23 +434,52 @@ class Publication:
                              ((pq.read_table(path), path.with_suffix(".jsonl")) for path in paths))
         return streams
 
-    def seal(self, manifest: Manifest, validation: list[dict[str, Any]], tables: Streams | None = None) -> Manifest:
-        """Write the tables (the windows' parts joined a part at a time, or `tables`), validation.json and the
-        dataset card, then the manifest with every file's rows and SHA-256: last, so its presence means done.
-        Returns the manifest as written."""
+    def _take_joined(self) -> dict[str, Any] | None:
+        """The tables joined while the windows were staged (`_WindowJoin`), moved into place, with their manifest
+        entries (rows, SHA-256: hashed one table per thread); None when they are not the parts' join, which seal
+        then writes."""
+        with self._lock:
+            schemas = {name: unified_schema([by_window[i] for i in sorted(by_window)])
+                       for name, by_window in self._schemas.items() if by_window}
+            windows = sorted(self._schemas[RESULTS])
+        self.join_fallback = self._join.finish(schemas, windows)
+        if self.join_fallback is not None:
+            return None
+        for name in TABLE_FILES.values():
+            moves = [(self._join.path(name), self.staging / name)]
+            if self.jsonl:
+                moves.append((self._join.path(name).with_suffix(".jsonl"), self.staging / mirror_name(name)))
+            for source, target in moves:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(source, target)
         files: dict[str, dict[str, Any]] = {}
-        streams = tables if tables is not None else self._parts()
+        with ThreadPoolExecutor(max_workers=len(TABLE_FILES), thread_name_prefix="batchgen-seal") as pool:
+            for entries in pool.map(lambda name: _file_entries(self.staging, name, self._join.writers[name].rows,
+                                                                self.jsonl), TABLE_FILES.values()):
+                files.update(entries)
+        return files
 
-        def write(name: str) -> dict[str, Any]:
-            schema, pieces = streams[name]
-            return _write_table(pieces, schema, self.staging, name, self.jsonl)
+    def seal(self, manifest: Manifest, validation: list[dict[str, Any]], tables: Streams | None = None) -> Manifest:
+        """Write the tables (the windows' parts, joined as they were staged or now a part at a time, or `tables`),
+        validation.json and the dataset card, then the manifest with every file's rows and SHA-256: last, so its
+        presence means done. Returns the manifest as written."""
+        files: dict[str, dict[str, Any]] = {}
+        joined = self._take_joined() if tables is None else None
+        if joined is not None:
+            files.update(joined)
+        else:
+            streams = tables if tables is not None else self._parts()
 
-        # The windows' parts are joined one table per thread (Arrow reads, writes and hashes without holding the
-        # interpreter); a merge's tables stream a row group at a time, one table after the other, to bound memory.
-        with ThreadPoolExecutor(max_workers=len(streams) if tables is None else 1,
-                                thread_name_prefix="batchgen-seal") as pool:
-            for written in pool.map(write, list(streams)):
-                files.update(written)
+            def write(name: str) -> dict[str, Any]:
+                schema, pieces = streams[name]
+                return _write_table(pieces, schema, self.staging, name, self.jsonl)
+
+            # The windows' parts are joined one table per thread (Arrow reads, writes and hashes without holding the
+            # interpreter); a merge's tables stream a row group at a time, one table after the other, to bound memory.
+            with ThreadPoolExecutor(max_workers=len(streams) if tables is None else 1,
+                                    thread_name_prefix="batchgen-seal") as pool:
+                for written in pool.map(write, list(streams)):
+                    files.update(written)
         shutil.rmtree(self.staging / PARTS, ignore_errors=True)
         write_text(json.dumps(validation, ensure_ascii=False, indent=1, default=str), self.staging / VALIDATION,
                    sync=False)  # commit() syncs every file of the publication before the switch

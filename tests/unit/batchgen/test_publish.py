@@ -251,6 +251,91 @@ def test_windows_staged_as_parts_join_into_one_file_per_table(tmp_path):
     verify_publication(staged)
 
 
+def _windows(spec: list[tuple[int, list[str], list[Any]]]) -> list[tuple[int, pd.DataFrame, pd.DataFrame]]:
+    """Windows' frames (index, accepted, attempts) from (index, item ids, scores): rows in some windows' attempts."""
+    windows = []
+    for index, ids, scores in spec:
+        accepted = dataset(index, len(ids))[0].assign(item_id=ids, score=scores)
+        attempts = dataset(0, 0)[2] if index % 2 else with_verdicts(
+            [row for i in ids for row in generated(i, [f"text {i}"])], [[] for _ in ids])
+        windows.append((index, accepted, attempts))
+    return windows
+
+
+def _staged(out: Path, windows: list[tuple[int, pd.DataFrame, pd.DataFrame]], threads: bool = False,
+            join: bool = True) -> tuple[Publication, dict[str, Any]]:
+    """A publication of `windows` (`_windows`), added in the order given (or each from a thread of its own, all at
+    once), sealed; with join=False the join during staging is turned off (seal joins the parts). Returns it and
+    its tables' manifest entries."""
+    import threading
+
+    publication = Publication.open(out, jsonl=True)
+    if not join:
+        publication._join.broken = "turned off by the test"
+    rejected = dataset(0, 0)[1]
+
+    def add(index: int, accepted: pd.DataFrame, attempts: pd.DataFrame) -> None:
+        publication.add_window(index, accepted, rejected, attempts, (pa.string(), lambda value: None), RunTotals())
+
+    if threads:
+        started = [threading.Thread(target=add, args=window) for window in windows]
+        for thread in started:
+            thread.start()
+        for thread in started:
+            thread.join()
+    else:
+        for window in windows:
+            add(*window)
+    files = publication.seal(Manifest(job="join"), [])["files"]
+    return publication, {name: entry for name, entry in files.items() if name.endswith((".parquet", ".jsonl"))}
+
+
+def test_windows_are_joined_as_they_are_staged_into_the_same_files_seal_would_write(tmp_path):
+    """Seal has only the last windows left to write: the tables are joined, in window order, as windows are
+    staged, whatever order they come in; the files are byte for byte the ones a join of the parts at seal writes."""
+    windows = _windows([(k, [f"w{k}-{j}" for j in range(k + 1)], [0.5 * k] * (k + 1)) for k in range(1, 9)])
+    at_seal, expected = _staged(tmp_path / "at-seal", windows, join=False)
+    assert at_seal.join_fallback == "turned off by the test"
+    for name, order, threads in (("in-order", windows, False), ("shuffled", windows[::-1][:4] + windows[:4], False),
+                                 ("threads", windows, True)):
+        publication, files = _staged(tmp_path / name, order, threads=threads)
+        assert publication.join_fallback is None, name
+        assert len(files) == 6 and files == expected, name  # every table and mirror: the same rows and SHA-256
+        ids = pq.read_table(publication.staging / RESULTS, columns=["item_id"])["item_id"].to_pylist()
+        assert ids == [f"w{k}-{j}" for k in range(1, 9) for j in range(k + 1)], name
+        verify_publication(publication.staging)
+
+
+@pytest.mark.parametrize("later, reason", [([3.0], "a later window changed the columns of accepted"),
+                                           ([0.5], "window 2: ArrowInvalid")])
+def test_a_later_window_that_changes_a_column_s_type_is_joined_at_seal(tmp_path, later, reason):
+    """The join writes each table with its first window's columns: integers there, floats later (which the
+    integer column may or may not hold), the parts are joined again at seal as floats (what a join of all the
+    parts gives)."""
+    publication, files = _staged(tmp_path / "out", _windows([(1, ["a", "b"], [1, 2]), (2, ["c"], later)]))
+    assert publication.join_fallback.startswith(reason)
+    joined = pq.read_table(publication.staging / RESULTS)
+    assert joined.schema.field("score").type == pa.float64()
+    assert joined.column("score").to_pylist() == [1.0, 2.0, *later] and files[RESULTS]["rows"] == 3
+    verify_publication(publication.staging)
+
+
+def test_a_window_staged_twice_is_published_once_as_last_staged(tmp_path):
+    """A window's stage task run again (a Prefect retry) writes its parts again: the join stops, seal joins the
+    parts, and the window's rows are its last staging's, once."""
+    publication, _ = _staged(tmp_path / "out", _windows([(1, ["a"], [1.0]), (2, ["b"], [2.0]),
+                                                             (1, ["a2", "a3"], [1.0, 1.0])]))
+    assert publication.join_fallback == "window 1 staged twice"
+    assert pq.read_table(publication.staging / RESULTS)["item_id"].to_pylist() == ["a2", "a3", "b"]
+
+
+def test_a_gap_in_the_windows_is_joined_at_seal(tmp_path):
+    """Windows are numbered from 1 with no gap; a publication whose windows are not still publishes them all."""
+    publication, _ = _staged(tmp_path / "out", _windows([(2, ["b"], [2.0]), (5, ["e"], [5.0])]))
+    assert publication.join_fallback == "windows [] joined of [2, 5]"
+    assert pq.read_table(publication.staging / RESULTS)["item_id"].to_pylist() == ["b", "e"]
+
+
 def test_published_tables_are_written_in_bounded_row_groups(tmp_path):
     """Readers (the shard merge, the report, a dataset scan) decode one row group at a time: keep them bounded."""
     from batchgen.publish import ROW_GROUP_ROWS
