@@ -465,6 +465,8 @@ class Publication:
         presence means done. Returns the manifest as written."""
         files: dict[str, dict[str, Any]] = {}
         joined = self._take_joined() if tables is None else None
+        if tables is not None:
+            self.join_fallback = "tables given to seal"
         if joined is not None:
             files.update(joined)
         else:

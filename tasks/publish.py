@@ -11,7 +11,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
@@ -98,6 +98,8 @@ def publish_task(job: JobSpec, publication: Publication, started_at: datetime) -
     timings = totals.timings(started, publication.windows_done or time.perf_counter())
     manifest = build_manifest(job, totals, timings, started_at, flow_run.get_id(), flow_run.get_flow_name())
     written = publication.seal(manifest, [merge_results(results) for results in totals.validation])
+    if publication.join_fallback is not None:
+        get_run_logger().debug("publish: the windows' parts joined at seal (%s)", publication.join_fallback)
     check_published_once(publication.staging, totals.tally.items)
     finish_publication(job, publication, _artifact_key(job.name), f"{job.name}: run summary", "publish")
     return written
