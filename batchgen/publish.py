@@ -306,11 +306,13 @@ class _WindowJoin:
                 tables, schemas = self._ready.pop(index)
             try:
                 self._write(index, tables, schemas)
-            except Exception as error:  # the parts are all there: seal joins them, and meets the error again if
-                with self._state:       # it was more than this join's
+            except BaseException as error:  # the parts are all there: seal joins them, and meets the error again
+                with self._state:           # if it was more than this join's
                     self.broken = f"window {index}: {type(error).__name__}: {error}"
                     self._busy = False
                     self._state.notify_all()
+                if not isinstance(error, Exception):
+                    raise
                 return
             with self._state:
                 self.joined.append(index)

@@ -329,6 +329,19 @@ def test_a_window_staged_twice_is_published_once_as_last_staged(tmp_path):
     assert pq.read_table(publication.staging / RESULTS)["item_id"].to_pylist() == ["a2", "a3", "b"]
 
 
+def test_a_join_that_fails_leaves_the_parts_to_seal(tmp_path, monkeypatch):
+    """A write of the join that fails (a full disk, say) does not fail the window nor hold up seal: the parts
+    are joined at seal, where a lasting error would show."""
+    def failing(self, index, tables, schemas):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(publishing._WindowJoin, "_write", failing)
+    publication, files = _staged(tmp_path / "out", _windows([(1, ["a"], [1.0]), (2, ["b"], [2.0])]))
+    assert publication.join_fallback == "window 1: OSError: [Errno 28] No space left on device"
+    assert pq.read_table(publication.staging / RESULTS)["item_id"].to_pylist() == ["a", "b"]
+    assert files[RESULTS]["rows"] == 2
+
+
 def test_a_gap_in_the_windows_is_joined_at_seal(tmp_path):
     """Windows are numbered from 1 with no gap; a publication whose windows are not still publishes them all."""
     publication, _ = _staged(tmp_path / "out", _windows([(2, ["b"], [2.0]), (5, ["e"], [5.0])]))
