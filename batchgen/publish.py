@@ -195,6 +195,11 @@ def unified_schema(schemas: list[pa.Schema]) -> pa.Schema:
     return pa.schema([pa.field(f.name, pa.string()) if pa.types.is_null(f.type) else f for f in unified])
 
 
+def _part(parts: Path, name: str, index: int) -> Path:
+    """Window `index`'s part of table file `name` in the folder `parts`, without its suffix (.parquet, .jsonl)."""
+    return parts / f"{Path(name).stem}-{index:06d}"
+
+
 class _TableWriter:
     """One table's Parquet file and its JSON-lines mirror (`mirror`; None: none), written a piece at a time, each
     piece cast to `schema`. A piece may come with the file of its JSON lines, rendered when its window was staged
@@ -320,7 +325,7 @@ class _WindowJoin:
 
     def _write(self, index: int, tables: dict[str, pa.Table] | None, schemas: dict[str, pa.Schema]) -> None:
         for name in TABLE_FILES.values():
-            part = self.directory / f"{Path(name).stem}-{index:06d}"
+            part = _part(self.directory, name, index)
             table = tables[name] if tables is not None else pq.read_table(part.with_suffix(".parquet"))
             writer = self.writers.get(name)
             if writer is None:
@@ -415,11 +420,11 @@ class Publication:
         parts.mkdir(exist_ok=True)
         for name, table in tables.items():
             # A part is not kept after a crash: no fsync (commit syncs the joined tables).
-            part = parts / f"{Path(name).stem}-{index:06d}"
+            part = _part(parts, name, index)
             if self.jsonl:  # its JSON lines now, while the engine works on later windows, not all at seal
                 write_text(_jsonl(table), part.with_suffix(".jsonl"), sync=False)
             write_atomic(table, part.with_suffix(".parquet"), sync=False)
-        schemas = {name: pq.read_schema(parts / f"{Path(name).stem}-{index:06d}.parquet") for name in tables}
+        schemas = {name: pq.read_schema(_part(parts, name, index).with_suffix(".parquet")) for name in tables}
         with self._lock:
             for name, schema in schemas.items():
                 self._schemas[name][index] = schema
@@ -428,22 +433,27 @@ class Publication:
             self.totals = self.totals + totals
             self.windows_done = time.perf_counter()
 
-    def _parts(self) -> Streams:
+    def _staged(self) -> tuple[dict[str, pa.Schema], list[int]]:
+        """The staged windows' unified schema of each table file (`unified_schema`, in window order) and their
+        numbers."""
+        with self._lock:
+            windows = sorted(self._schemas[RESULTS])
+            return {name: unified_schema([by_window[i] for i in windows])
+                    for name, by_window in self._schemas.items()}, windows
+
+    def _parts(self, schemas: dict[str, pa.Schema], windows: list[int]) -> Streams:
+        """The windows' parts of each table, read one at a time, with the table's schema."""
         streams = {}
-        for name in TABLE_FILES.values():
-            paths = sorted((self.staging / PARTS).glob(f"{Path(name).stem}-*.parquet"))
-            streams[name] = (unified_schema([pq.read_schema(path) for path in paths]),
-                             ((pq.read_table(path), path.with_suffix(".jsonl")) for path in paths))
+        for name, schema in schemas.items():
+            parts = [_part(self.staging / PARTS, name, index) for index in windows]
+            streams[name] = (schema, ((pq.read_table(part.with_suffix(".parquet")), part.with_suffix(".jsonl"))
+                                      for part in parts))
         return streams
 
-    def _take_joined(self) -> dict[str, Any] | None:
+    def _take_joined(self, schemas: dict[str, pa.Schema], windows: list[int]) -> dict[str, Any] | None:
         """The tables joined while the windows were staged (`_WindowJoin`), moved into place, with their manifest
-        entries (rows, SHA-256: hashed one table per thread); None when they are not the parts' join, which seal
-        then writes."""
-        with self._lock:
-            schemas = {name: unified_schema([by_window[i] for i in sorted(by_window)])
-                       for name, by_window in self._schemas.items() if by_window}
-            windows = sorted(self._schemas[RESULTS])
+        entries (rows, SHA-256: hashed one table per thread); None when they are not the join of the parts of
+        `windows` with `schemas` (`_staged`), which seal then writes."""
         self.join_fallback = self._join.finish(schemas, windows)
         if self.join_fallback is not None:
             return None
@@ -466,14 +476,15 @@ class Publication:
         validation.json and the dataset card, then the manifest with every file's rows and SHA-256: last, so its
         presence means done. Returns the manifest as written."""
         files: dict[str, dict[str, Any]] = {}
-        joined = self._take_joined() if tables is None else None
         if tables is not None:
-            self.join_fallback = "tables given to seal"
+            self.join_fallback, joined, streams = "tables given to seal", None, tables
+        else:
+            staged = self._staged()
+            joined = self._take_joined(*staged)
+            streams = self._parts(*staged) if joined is None else {}
         if joined is not None:
             files.update(joined)
         else:
-            streams = tables if tables is not None else self._parts()
-
             def write(name: str) -> dict[str, Any]:
                 schema, pieces = streams[name]
                 return _write_table(pieces, schema, self.staging, name, self.jsonl)
