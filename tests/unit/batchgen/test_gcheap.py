@@ -5,23 +5,29 @@ from __future__ import annotations
 import gc
 import threading
 
-import pytest
-
 from batchgen.gcheap import frozen_heap
 
 
-# alone: in a pytest-xdist worker, its messaging thread frees objects that were frozen, so the count can drop
-# between two reads (seen once: 1,466,337 then 1,466,333); in a plain pytest process it cannot
-@pytest.mark.alone
+def _walked_by_the_collector(*objs) -> list[bool]:
+    """Whether each object sits in one of the collector's generations (what a collection walks), not frozen.
+    By identity rather than by gc.get_freeze_count(): other threads of a test session (Prefect's, pytest-xdist's)
+    free frozen objects at any time, so the count can drop between two reads."""
+    walked = {id(o) for o in gc.get_objects()}
+    return [id(o) in walked for o in objs]
+
+
 def test_the_heap_is_frozen_while_a_run_goes_on_and_thawed_after_the_last():
     gc.unfreeze()  # whatever an earlier test left frozen
+    held = [["made before the run"]]  # like the process's modules, classes, caches (a list: always tracked)
+    assert _walked_by_the_collector(held) == [True]
     with frozen_heap():
-        frozen = gc.get_freeze_count()
-        assert frozen > 1000  # the process's modules, classes, caches
+        assert gc.get_freeze_count() > 1000
+        assert _walked_by_the_collector(held) == [False]
         with frozen_heap():  # a second run beside it (another thread, a nested flow)
-            assert gc.get_freeze_count() >= frozen
-        assert gc.get_freeze_count() >= frozen  # the first is still going on
+            assert _walked_by_the_collector(held) == [False]
+        assert _walked_by_the_collector(held) == [False]  # the first is still going on
     assert gc.get_freeze_count() == 0
+    assert _walked_by_the_collector(held) == [True]
 
 
 def test_cycles_made_during_a_run_are_still_collected():
@@ -54,8 +60,10 @@ def test_what_is_made_during_a_run_can_join_the_frozen_heap():
     freeze_more()  # no run going on: nothing frozen
     assert gc.get_freeze_count() == 0
     with frozen_heap():
-        before = gc.get_freeze_count()
         kept = [[i] for i in range(10000)]  # e.g. an engine built while the first prompts are made
+        assert _walked_by_the_collector(kept, kept[0], kept[-1]) == [True, True, True]
         freeze_more()
-        assert gc.get_freeze_count() >= before + len(kept)
+        assert _walked_by_the_collector(kept, kept[0], kept[-1]) == [False, False, False]
+        assert all(gc.is_tracked(o) for o in (kept, kept[0], kept[-1]))  # frozen, not dropped from the collector
     assert gc.get_freeze_count() == 0
+    assert _walked_by_the_collector(kept, kept[0]) == [True, True]  # the run over: walked again
