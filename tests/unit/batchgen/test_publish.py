@@ -221,6 +221,46 @@ def test_input_columns_whose_types_vary_by_row_publish_as_json_text(tmp_path):
                       {"name": "Lamp", "size": None, "tags": '"c"'}]
 
 
+def _jsonl_row_by_row(table: pa.Table) -> str:
+    """What the JSON lines mean: each row of Table.to_pylist() by orjson, times and the like as their str()."""
+    import orjson
+
+    option = orjson.OPT_APPEND_NEWLINE | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_NON_STR_KEYS
+    return b"".join(orjson.dumps(row, default=str, option=option) for row in table.to_pylist()).decode("utf-8")
+
+
+def test_json_lines_rendered_by_column_are_the_rows_as_they_are():
+    """Token ids as NumPy views and each distinct time's str() once give the bytes of the plain row-by-row render:
+    null lists, empty lists, a null inside a list, 64-bit and unsigned ids, times with and without a zone, dates,
+    durations, decimals, nested lists, several chunks and a table sliced out of a bigger one."""
+    import datetime as dt
+    from decimal import Decimal
+
+    utc = dt.timezone.utc
+    when = [dt.datetime(2026, 12, 4, 2, 52, 28, 689749, tzinfo=utc), None, dt.datetime(2026, 12, 4, tzinfo=utc),
+            dt.datetime(2026, 12, 4, 2, 52, 28, 689749, tzinfo=utc), dt.datetime(1999, 1, 1, tzinfo=utc)]
+    table = pa.table({
+        "item_id": ["a", "b", "c", "d", "e"],
+        "token_ids": pa.array([[1, 2, 3], None, [], [2**31 - 1, -5], [0]], pa.list_(pa.int32())),
+        "wide_ids": pa.array([[2**40], [1], None, [], [7, 8]], pa.large_list(pa.int64())),
+        "unsigned": pa.array([[255], [0], [1, 2], None, []], pa.list_(pa.uint8())),
+        "gappy": pa.array([[1, None], [2], None, [], [3]], pa.list_(pa.int32())),  # a null inside: Python values
+        "nested": pa.array([[[1], [2, 3]], None, [[]], [[4]], [None]], pa.list_(pa.list_(pa.int32()))),
+        "finished_at": pa.array(when, pa.timestamp("us", tz="UTC")),
+        "local": pa.array([w.replace(tzinfo=None) if w else None for w in when], pa.timestamp("ms")),
+        "day": pa.array([dt.date(2026, 12, 4), None, dt.date(2026, 1, 1), dt.date(2026, 12, 4), None]),
+        "took": pa.array([dt.timedelta(seconds=1.5), None, dt.timedelta(0), dt.timedelta(days=2), None]),
+        "price": pa.array([Decimal("1.10"), None, Decimal("0"), Decimal("-3.5"), Decimal("2")]),
+        "score": [0.1, float("nan"), None, 1e300, -0.0],
+        "text": ["Mug", "a \u2028 line", "引号\"", None, ""],
+    })
+    chunked = pa.concat_tables([table.slice(0, 2), table.slice(2)])
+    for case in (table, chunked, table.slice(1, 3), chunked.slice(2, 2), table.slice(0, 0)):
+        assert publishing._jsonl(case) == _jsonl_row_by_row(case)
+    assert publishing._jsonl(table).splitlines()[0].startswith(
+        '{"item_id":"a","token_ids":[1,2,3],"wide_ids":[1099511627776]')
+
+
 def test_windows_staged_as_parts_join_into_one_file_per_table(tmp_path):
     """Parts whose columns Arrow inferred differently (null in one window, numbers or text in others) join."""
     from batchgen.publish import PARTS
