@@ -328,14 +328,21 @@ class RunTotals:
 
     tally: Tally = field(default_factory=Tally)
     engine: EngineStats = field(default_factory=EngineStats)
-    validation: list[list[dict[str, Any]]] = field(default_factory=list)  # per pass: one GX result per window
+    # per pass: the windows' GX results, folded into one as windows add up (batchgen.gx_results.fold_results)
+    validation: list[list[dict[str, Any]]] = field(default_factory=list)
     seconds: Counter = field(default_factory=Counter)  # per step: load_and_prompts, validate_and_stage
     model: Any = None  # the model the prompts were built for (batchgen.models.ModelRef)
 
     def __add__(self, other: RunTotals) -> RunTotals:
-        passes = max(len(self.validation), len(other.validation))
-        validation = [[*(self.validation[i] if i < len(self.validation) else []),
-                       *(other.validation[i] if i < len(other.validation) else [])] for i in range(passes)]
+        from batchgen.gx_results import fold_results
+
+        validation = []
+        for index in range(max(len(self.validation), len(other.validation))):
+            folded = None  # one bounded result per pass: a run does not keep every window's result
+            for one in [*(self.validation[index] if index < len(self.validation) else []),
+                        *(other.validation[index] if index < len(other.validation) else [])]:
+                folded = fold_results(folded, one)
+            validation.append([] if folded is None else [folded])
         return RunTotals(tally=self.tally + other.tally, engine=self.engine + other.engine, validation=validation,
                          seconds=self.seconds + other.seconds, model=other.model or self.model)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -16,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from batchgen.gx_expectations import OUTPUT_COLUMNS
+from batchgen.gx_results import _FULL_LISTS, _PARTIAL_LISTS, LISTED_ROWS, PARTIAL_ROWS
 from batchgen.job import ExpectationsSpec
 from expectations.suite import build_suite
 
@@ -170,65 +170,3 @@ def _bound_lists(result: dict[str, Any], keys: list[str]) -> None:
         if name.endswith("index_list"):
             values = [{ROW_KEY: keys[position]} for position in values]
         result[name] = values
-
-
-# Counts in a GX result that add up across windows, and the row lists it carries.
-_COUNTS = ("element_count", "unexpected_count", "missing_count")
-_PARTIAL_LISTS = ("partial_unexpected_list", "partial_unexpected_index_list")
-_FULL_LISTS = ("unexpected_list", "unexpected_index_list")
-PARTIAL_ROWS = 20  # GX's own size of the partial lists
-LISTED_ROWS = 1000  # failing rows listed per expectation in a merged result; every row's verdict is in attempts
-
-
-def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """One GX validation result for several windows of one pass (same suite, disjoint rows).
-
-    Counts are summed and percentages recomputed, so the merged result reads like one
-    validation of all the rows. The row lists keep their first LISTED_ROWS entries (the
-    partial lists, GX's 20), so the result's size does not grow with the run; the verdict
-    of every row is in attempts.parquet (`passed`, `failed`).
-    """
-    results = [r for r in results if r.get("results")]
-    if not results:
-        return {"success": True, "results": [], "statistics": {}}
-    merged = copy.deepcopy(results[0])
-    for more in results[1:]:
-        for mine, theirs in zip(merged["results"], more["results"]):
-            mine["success"] = bool(mine.get("success")) and bool(theirs.get("success"))
-            ours, other = mine.setdefault("result", {}), theirs.get("result") or {}
-            for key in _COUNTS:
-                if key in ours or key in other:
-                    ours[key] = (ours.get(key) or 0) + (other.get(key) or 0)
-            for key, cap in [(k, PARTIAL_ROWS) for k in _PARTIAL_LISTS] + [(k, LISTED_ROWS) for k in _FULL_LISTS]:
-                if key in ours or key in other:
-                    ours[key] = ((ours.get(key) or []) + (other.get(key) or []))[:cap]
-            if "partial_unexpected_counts" in ours or "partial_unexpected_counts" in other:
-                counts: dict[str, dict[str, Any]] = {}
-                for entry in (ours.get("partial_unexpected_counts") or []) + (other.get("partial_unexpected_counts") or []):
-                    key = json.dumps(entry.get("value"), sort_keys=True, default=str)
-                    counts.setdefault(key, {"value": entry.get("value"), "count": 0})["count"] += entry.get("count", 0)
-                ours["partial_unexpected_counts"] = sorted(counts.values(), key=lambda e: -e["count"])[:PARTIAL_ROWS]
-    for outcome in merged["results"]:
-        res = outcome.get("result") or {}
-        for key, cap in [(k, PARTIAL_ROWS) for k in _PARTIAL_LISTS] + [(k, LISTED_ROWS) for k in _FULL_LISTS]:
-            if isinstance(res.get(key), list):
-                res[key] = res[key][:cap]
-        if "element_count" not in res:
-            continue
-        total, missing, unexpected = res["element_count"], res.get("missing_count") or 0, res.get("unexpected_count") or 0
-        present = total - missing
-        if "unexpected_percent" in res:
-            res["unexpected_percent"] = 100.0 * unexpected / present if present else None
-        if "unexpected_percent_nonmissing" in res:
-            res["unexpected_percent_nonmissing"] = 100.0 * unexpected / present if present else None
-        if "unexpected_percent_total" in res:
-            res["unexpected_percent_total"] = 100.0 * unexpected / total if total else None
-        if "missing_percent" in res:
-            res["missing_percent"] = 100.0 * missing / total if total else None
-    successes = sum(bool(o.get("success")) for o in merged["results"])
-    evaluated = len(merged["results"])
-    merged["success"] = successes == evaluated
-    merged["statistics"] = {**merged.get("statistics", {}), "evaluated_expectations": evaluated,
-                            "successful_expectations": successes, "unsuccessful_expectations": evaluated - successes,
-                            "success_percent": 100.0 * successes / evaluated if evaluated else None}
-    return merged

@@ -27,7 +27,7 @@ from batchgen.report import preload as preload_report
 from batchgen.report import start_chart_worker, write_report_and_markdown
 from batchgen.retry import latest_attempts
 from batchgen.summary import summary_markdown
-from expectations.validate import merge_results
+from batchgen.gx_results import merge_results
 from tasks.prompts import PromptStep
 from tasks.validate import Validated
 

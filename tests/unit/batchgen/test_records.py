@@ -86,11 +86,22 @@ def test_engine_stats_of_overlapping_tasks_sum_their_work_and_span_their_times()
     assert "last_output" not in RunTotals().timings(started=4.0, before_publish=4.5)  # nothing generated
 
 
-def test_run_totals_keep_each_pass_s_validation_results_together():
-    window_one = RunTotals(validation=[[{"w": 1, "pass": 1}], [{"w": 1, "pass": 2}]])
-    window_two = RunTotals(validation=[[{"w": 2, "pass": 1}]])
-    assert (window_one + window_two).validation == [[{"w": 1, "pass": 1}, {"w": 2, "pass": 1}],
-                                                    [{"w": 1, "pass": 2}]]
+def test_run_totals_fold_each_pass_s_validation_results_into_one():
+    def result(pass_: int, failing: list[str]) -> dict:
+        return {"success": not failing, "statistics": {}, "meta": {"pass": pass_}, "results": [{
+            "success": not failing, "expectation_config": {"type": "expect_x", "kwargs": {}, "meta": {}},
+            "result": {"element_count": 2, "unexpected_count": len(failing), "unexpected_list": failing}}]}
+
+    window_one = RunTotals(validation=[[result(1, ["a"])], [result(2, [])]])
+    window_two = RunTotals(validation=[[result(1, ["c", "d"])]])
+    both = RunTotals() + window_one + window_two
+    assert [len(results) for results in both.validation] == [1, 1]  # one result per pass, not one per window
+    [[first], [second]] = both.validation
+    assert first["results"][0]["result"] == {"element_count": 4, "unexpected_count": 3,
+                                             "unexpected_list": ["a", "c", "d"]}
+    assert first["results"][0]["success"] is False
+    assert second == result(2, [])  # only window one had a second pass
+    assert window_one.validation[0] == [result(1, ["a"])]  # the windows' own results are left as they were
 
 
 def test_the_manifest_reads_as_attributes_and_as_its_json():

@@ -116,7 +116,7 @@ def test_no_expectations_means_every_row_passes():
 
 def test_merged_windows_read_like_one_validation_of_all_rows():
     """GX results of disjoint windows of one pass, merged: the counts of one validation of every row."""
-    from expectations.validate import merge_results
+    from batchgen.gx_results import merge_results
 
     rows = pd.DataFrame({
         "item_id": list(CASES), "candidate": [0] * len(CASES), "attempt": [1] * len(CASES),
@@ -142,17 +142,49 @@ def test_merged_windows_read_like_one_validation_of_all_rows():
 
 
 def test_merged_results_list_a_bounded_number_of_failing_rows():
-    from expectations import validate
+    from batchgen import gx_results
 
     rows = pd.DataFrame({"item_id": [f"i{n}" for n in range(30)], "candidate": 0, "attempt": 1,
                          "text": "short", "finish_reason": "stop"})
     one = validate_rows(rows, ExpectationsSpec(min_chars=20), None, suite_name="unit-outputs").result
-    merged = validate.merge_results([one] * 50)  # 1,500 failing rows
+    merged = gx_results.merge_results([one] * 50)  # 1,500 failing rows
 
     [outcome] = [o for o in merged["results"] if o["expectation_config"]["meta"].get("batchgen_id") == "length"]
     assert outcome["result"]["unexpected_count"] == 1500 and outcome["result"]["element_count"] == 1500
-    assert len(outcome["result"]["unexpected_list"]) == validate.LISTED_ROWS
-    assert len(outcome["result"]["partial_unexpected_list"]) == validate.PARTIAL_ROWS
+    assert len(outcome["result"]["unexpected_list"]) == gx_results.LISTED_ROWS
+    assert len(outcome["result"]["partial_unexpected_list"]) == gx_results.PARTIAL_ROWS
+
+
+def test_windows_folded_as_they_are_staged_give_the_merged_result_and_stay_bounded():
+    """RunTotals fold a pass's results a window at a time (the publication sums the windows' totals): the same
+    result as merging every window's at the end, and a run of many windows holds one bounded result per pass."""
+    from batchgen.records import RunTotals
+    from batchgen import gx_results
+
+    windows = []
+    for index in range(40):  # 30 rows each, the first 25 too short (two texts): 1,000 failing rows in all
+        texts = ["a short one" if n % 3 == index % 3 else "short" for n in range(25)] + ["long enough to pass the check"] * 5
+        rows = pd.DataFrame({"item_id": [f"w{index}-{n}" for n in range(30)], "candidate": 0, "attempt": 1,
+                             "text": texts, "finish_reason": "stop"})
+        windows.append(validate_rows(rows, ExpectationsSpec(min_chars=20), None, suite_name="unit-outputs").result)
+    totals = RunTotals()
+    for result in windows:
+        totals = totals + RunTotals(validation=[[result]])
+
+    [[folded]] = totals.validation
+    assert gx_results.merge_results([folded]) == gx_results.merge_results(windows)
+    [outcome] = [o for o in gx_results.merge_results([folded])["results"]
+                 if o["expectation_config"]["meta"].get("batchgen_id") == "length"]
+    assert outcome["result"]["element_count"] == 1200 and outcome["result"]["unexpected_count"] == 1000
+    assert outcome["result"]["unexpected_percent"] == pytest.approx(100 * 1000 / 1200)
+    assert {e["value"]: e["count"] for e in outcome["result"]["partial_unexpected_counts"]} == \
+        {"short": sum(25 - len(range(i % 3, 25, 3)) for i in range(40)),
+         "a short one": sum(len(range(i % 3, 25, 3)) for i in range(40))}
+    for result in [r["result"] for r in folded["results"]]:
+        for key in ("unexpected_list", "unexpected_index_list"):
+            assert len(result.get(key) or []) <= gx_results.LISTED_ROWS
+        for key in ("partial_unexpected_list", "partial_unexpected_index_list", "partial_unexpected_counts"):
+            assert len(result.get(key) or []) <= gx_results.PARTIAL_ROWS
 
 
 def test_gx_expectations_of_the_job_judge_each_output_under_their_id():
