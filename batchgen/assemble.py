@@ -139,7 +139,10 @@ def assemble(
     passing = (final[final["passed"].astype(bool)].sort_values(["item_id", "candidate"], kind="stable")
                .groupby("item_id", sort=False) if every and len(final) else None)
     copied = [f for f in fields if f in picked.columns and f not in ("item_id", "row_number", "input")]
-    for chosen in records(picked, list(picked.columns)):
+    # the columns read below, not every attempt column (token ids and logprobs as Python lists cost the most)
+    read = {"item_id", "passed", "failed", "candidate", "attempt", "text", "finish_reason", "n_output_tokens",
+            "_n_candidates", "_n_passing", *copied}
+    for chosen in records(picked, [c for c in picked.columns if c in read]):
         item_id = chosen["item_id"]
         generated.add(item_id)
         ok, n_candidates = bool(chosen["passed"]), int(chosen["_n_candidates"])
