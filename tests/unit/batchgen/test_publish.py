@@ -232,7 +232,7 @@ def _jsonl_row_by_row(table: pa.Table) -> str:
 def test_json_lines_rendered_by_column_are_the_rows_as_they_are():
     """Token ids as NumPy views and each distinct time's str() once give the bytes of the plain row-by-row render:
     null lists, empty lists, a null inside a list, 64-bit and unsigned ids, times with and without a zone, dates,
-    durations, decimals, nested lists, several chunks and a table sliced out of a bigger one."""
+    durations, intervals, decimals, nested lists, several chunks and a table sliced out of a bigger one."""
     import datetime as dt
     from decimal import Decimal
 
@@ -251,6 +251,8 @@ def test_json_lines_rendered_by_column_are_the_rows_as_they_are():
         "day": pa.array([dt.date(2026, 12, 4), None, dt.date(2026, 1, 1), dt.date(2026, 12, 4), None]),
         "took": pa.array([dt.timedelta(seconds=1.5), None, dt.timedelta(0), dt.timedelta(days=2), None]),
         "price": pa.array([Decimal("1.10"), None, Decimal("0"), Decimal("-3.5"), Decimal("2")]),
+        "every": pa.array([pa.MonthDayNano([1, 2, 3]), None, pa.MonthDayNano([0, 0, 0]), None,
+                           pa.MonthDayNano([1, 2, 3])], pa.month_day_nano_interval()),
         "score": [0.1, float("nan"), None, 1e300, -0.0],
         "text": ["Mug", "a \u2028 line", "引号\"", None, ""],
     })
