@@ -65,7 +65,7 @@ bench-2000: setup examples/data/products.csv
 
 # Test files in two processes (pytest-xdist, a file's tests in one process), then the tests marked `alone` by
 # themselves: the shard test needs its two workers' engines to run at once, which another engine test beside it
-# on 2 cores can prevent, and the frozen-heap test reads a count that a pytest-xdist worker's own thread moves.
+# on 2 cores can prevent.
 # `make test-serial`: everything in one process.
 test: setup browser
 	$(PY) -m pytest --numprocesses auto --maxprocesses 2 --dist loadfile -m "not alone"
