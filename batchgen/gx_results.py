@@ -12,10 +12,11 @@ from typing import Any
 
 # Counts in a GX result that add up across windows, and the row lists it carries.
 _COUNTS = ("element_count", "unexpected_count", "missing_count")
-_PARTIAL_LISTS = ("partial_unexpected_list", "partial_unexpected_index_list")
-_FULL_LISTS = ("unexpected_list", "unexpected_index_list")
 PARTIAL_ROWS = 20  # GX's own size of the partial lists
 LISTED_ROWS = 1000  # failing rows listed per expectation in a merged result; every row's verdict is in attempts
+# each row list of a result and how many entries it keeps
+ROW_LISTS = (("partial_unexpected_list", PARTIAL_ROWS), ("partial_unexpected_index_list", PARTIAL_ROWS),
+             ("unexpected_list", LISTED_ROWS), ("unexpected_index_list", LISTED_ROWS))
 
 
 def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def fold_results(merged: dict[str, Any] | None, more: dict[str, Any]) -> dict[st
         for key in _COUNTS:
             if key in ours or key in other:
                 result[key] = (ours.get(key) or 0) + (other.get(key) or 0)
-        for key, cap in [(k, PARTIAL_ROWS) for k in _PARTIAL_LISTS] + [(k, LISTED_ROWS) for k in _FULL_LISTS]:
+        for key, cap in ROW_LISTS:
             if key in ours or key in other:
                 kept = (ours.get(key) or [])[:cap]
                 result[key] = kept + (other.get(key) or [])[:cap - len(kept)]
@@ -72,7 +73,7 @@ def finish_results(merged: dict[str, Any] | None) -> dict[str, Any]:
     merged = copy.deepcopy(merged)
     for outcome in merged["results"]:
         res = outcome.get("result") or {}
-        for key, cap in [(k, PARTIAL_ROWS) for k in _PARTIAL_LISTS] + [(k, LISTED_ROWS) for k in _FULL_LISTS]:
+        for key, cap in ROW_LISTS:
             if isinstance(res.get(key), list):
                 res[key] = res[key][:cap]
         if "element_count" not in res:

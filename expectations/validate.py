@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from batchgen.gx_expectations import OUTPUT_COLUMNS
-from batchgen.gx_results import _FULL_LISTS, _PARTIAL_LISTS, LISTED_ROWS, PARTIAL_ROWS
+from batchgen.gx_results import ROW_LISTS
 from batchgen.job import ExpectationsSpec
 from expectations.suite import build_suite
 
@@ -162,7 +162,7 @@ def result_as_json(result: Any) -> dict[str, Any]:
 def _bound_lists(result: dict[str, Any], keys: list[str]) -> None:
     """Keep LISTED_ROWS failing rows per expectation in the published result (every row's verdict is in
     attempts), each index as the row's key, as GX writes it with unexpected_index_column_names."""
-    for name, cap in [(k, PARTIAL_ROWS) for k in _PARTIAL_LISTS] + [(k, LISTED_ROWS) for k in _FULL_LISTS]:
+    for name, cap in ROW_LISTS:
         values = result.get(name)
         if not isinstance(values, list):
             continue
