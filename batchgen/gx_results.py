@@ -78,7 +78,8 @@ def finish_results(merged: dict[str, Any] | None) -> dict[str, Any]:
                 res[key] = res[key][:cap]
         if "element_count" not in res:
             continue
-        total, missing, unexpected = res["element_count"], res.get("missing_count") or 0, res.get("unexpected_count") or 0
+        total = res["element_count"]
+        missing, unexpected = res.get("missing_count") or 0, res.get("unexpected_count") or 0
         present = total - missing
         if "unexpected_percent" in res:
             res["unexpected_percent"] = 100.0 * unexpected / present if present else None

@@ -163,7 +163,8 @@ def test_windows_folded_as_they_are_staged_give_the_merged_result_and_stay_bound
 
     windows = []
     for index in range(40):  # 30 rows each, the first 25 too short (two texts): 1,000 failing rows in all
-        texts = ["a short one" if n % 3 == index % 3 else "short" for n in range(25)] + ["long enough to pass the check"] * 5
+        texts = ["a short one" if n % 3 == index % 3 else "short" for n in range(25)]
+        texts += ["long enough to pass the check"] * 5
         rows = pd.DataFrame({"item_id": [f"w{index}-{n}" for n in range(30)], "candidate": 0, "attempt": 1,
                              "text": texts, "finish_reason": "stop"})
         windows.append(validate_rows(rows, ExpectationsSpec(min_chars=20), None, suite_name="unit-outputs").result)
