@@ -8,6 +8,7 @@
 #   STEPS="run big_model pipeline" bash benchmarks/gpu_session.sh   # the steps to run (default: run big_model)
 #   STEPS=paired16 ...; then STEPS=paired80, then STEPS=paired80_fcfs, each a call on the same machine
 #   RUN_EXTRA="--retry-variants in_stream continue_in_stream" ...   # more arguments for the `run` step
+#   BESIDE16=0 BESIDE80=0 STEP_CAP=580 ...  # paired16/paired80 without the raw-beside-pipeline run, a longer cap
 #
 # Steps, each under a time limit (its cap, or what is left of SESSION_SECONDS, default 540):
 #   run        benchmarks.run: 10,000 items at max_tokens 80 and 16 with one engine; HF transformers on 256 items
@@ -88,11 +89,11 @@ step() {  # step NAME CAP_SECONDS COMMAND...: run COMMAND with its output in $LO
 
 step run 570 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 16 --hf-items 256 --hf-batch-size 64 \
   --serial-items 32 --retry-items 64 --with-retries ${RUN_EXTRA:-} --out "$RES"
-step paired16 540 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 16 --repeats "${REPEATS16:-5}" \
-  --beside-pipeline 50000 --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 \
+step paired16 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes 10000 --max-tokens 16 --repeats "${REPEATS16:-5}" \
+  --beside-pipeline "${BESIDE16:-50000}" --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 \
   --out "$RES/max-tokens-16"
-step paired80 540 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-3}" \
-  --beside-pipeline 100000 --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 --with-retries \
+step paired80 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-3}" \
+  --beside-pipeline "${BESIDE80:-100000}" --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 --with-retries \
   --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES"
 step paired80_fcfs 540 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-3}" \
   --scheduling-policy fcfs --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 --with-retries \
