@@ -22,7 +22,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     out = tmp_path / "results"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--repeats", "2", "--beside-pipeline",
-                           "40", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+                           "40", "--with-retries", "--retry-variants", "in_stream", "continue_in_stream", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
     result = json.loads((out / "latest.json").read_text(encoding="utf-8"))
@@ -61,10 +61,21 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     assert beside["beside"]["pipeline_items"] == 40 and beside["beside"]["pipeline_cpu_seconds"]["main"] > 0
     assert beside["output_tokens_per_second"] > 0 and beside["ratio_vs_raw_alone"] > 0
 
+    # the job with retries, each variant against a raw call of its own made right beside it (raw first, then the job
+    # first), not against the pairs' raw calls made minutes before: the host's pace drifts
+    jobs = result["sizes"]["8"]["with_retries"]["variants"]
+    assert list(jobs) == ["in_stream", "continue_in_stream"]
+    assert [v["raw_first_pass_order"] for v in jobs.values()] == ["raw, then the job", "the job, then raw"]
+    for v in jobs.values():
+        assert v["ratio_job_with_retries_vs_raw_first_pass"] == pytest.approx(
+            v["raw_first_pass_seconds"] / v["job_wall_seconds"], rel=2e-3)
+        assert v["raw_pairs_median_seconds"] == pytest.approx(statistics.median(p["raw_wall_seconds"] for p in pairs))
+
     table = (out / "latest.md").read_text(encoding="utf-8")
     assert "| method |" in table and "raw vLLM" in table and "ratio_flow_vs_raw" in table
     assert "Repeats: 2 pairs" in table and "| 2 |" in table and "Raw vLLM beside the pipeline" in table
     assert "after its last output (the last windows' validation and staging" in table
+    assert "made right beside the job (raw, then the job)" in table
     assert (out / "latest.png").read_bytes().startswith(b"\x89PNG")
 
 
