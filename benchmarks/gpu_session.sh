@@ -89,12 +89,12 @@ step() {  # step NAME CAP_SECONDS COMMAND...: run COMMAND with its output in $LO
 
 step run 570 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 16 --hf-items 256 --hf-batch-size 64 \
   --serial-items 32 --retry-items 64 --with-retries ${RUN_EXTRA:-} --out "$RES"
-step paired16 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes 10000 --max-tokens 16 --repeats "${REPEATS16:-5}" \
-  --beside-pipeline "${BESIDE16:-50000}" --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 \
-  --out "$RES/max-tokens-16"
+step paired16 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes 10000 --max-tokens 16 \
+  --repeats "${REPEATS16:-5}" --beside-pipeline "${BESIDE16:-50000}" --hf-items 32 --hf-batch-size 32 \
+  --serial-items 16 --retry-items 16 --out "$RES/max-tokens-16"
 step paired80 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-3}" \
-  --beside-pipeline "${BESIDE80:-100000}" --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 --with-retries \
-  --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES"
+  --beside-pipeline "${BESIDE80:-100000}" --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 \
+  --with-retries --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES"
 step paired80_fcfs 540 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-3}" \
   --scheduling-policy fcfs --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 --with-retries \
   --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES/fcfs"

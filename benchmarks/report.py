@@ -269,8 +269,9 @@ def render_markdown(result: dict[str, Any]) -> str:
                       "retry passes after each window's validation (`retry.in_stream: false`), with "
                       "`retry.strategy: continue` in the stream, and in the stream but behind the first attempts "
                       "still waiting (`in_stream_first_come`: every request at priority 0, as under vLLM's default "
-                      "policy). Each is compared with a raw call of its own, made right before or after it. Engine full: "
-                      "the share of the engine's stepping time it held at least max_num_seqs requests.", "",
+                      "policy). Each is compared with a raw call of its own, made right before or after it. "
+                      "Engine full: the share of the engine's stepping time it held at least max_num_seqs "
+                      "requests.", "",
                       "| retries | job s | raw first pass s | raw / job | output tokens (raw's first pass) "
                       "| retry attempts | accepted | rejected | engine full |",
                       "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]

@@ -44,11 +44,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -708,25 +708,29 @@ def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_token
     variants: dict[str, Any] = {}
     for index, name in enumerate(cfg.retry_variants or list(RETRY_VARIANTS)):
         retry = {**example, **RETRY_VARIANTS[name]}
-        raw = None
-        for method in (("raw", "job") if index % 2 == 0 else ("job", "raw")):
+        raw_first = index % 2 == 0  # ABBA, as the pairs
+
+        def raw_call() -> dict[str, Any]:
             cold_prefix_cache(engine)
-            if method == "raw":
-                log(f"(b) raw vLLM, one call on {n} prompts, max_tokens {max_tokens}, beside the job ({name})")
-                raw = run_raw_now()
-                continue
-            log(f"(a') the flow on {n} items, max_tokens {max_tokens}, with retries {retry}")
-            with retries_first_come(name in FIRST_COME):
-                run = run_flow(bench_job(products, cfg.work / f"out-{n}-{max_tokens}-retries-{name}", max_tokens,
-                                         retry=retry), memory)
-        assert raw is not None
+            log(f"(b) raw vLLM, one call on {n} prompts, max_tokens {max_tokens}, beside the job ({name})")
+            return run_raw_now()
+
+        if raw_first:
+            raw = raw_call()
+        log(f"(a') the flow on {n} items, max_tokens {max_tokens}, with retries {retry}")
+        cold_prefix_cache(engine)
+        with retries_first_come(name in FIRST_COME):
+            run = run_flow(bench_job(products, cfg.work / f"out-{n}-{max_tokens}-retries-{name}", max_tokens,
+                                     retry=retry), memory)
+        if not raw_first:
+            raw = raw_call()
         counts, flow = run["manifest"]["counts"], run["flow"]
         ratio_job = ratio(raw["wall_seconds"], flow["wall_seconds"])
         log(f"with retries ({name}): job {flow['wall_seconds']} s against raw first pass {raw['wall_seconds']} s "
             f"(raw/job {ratio_job}); {counts.get('retry_attempts')} retry attempts")
         variants[name] = {
             "retry": retry, "job_wall_seconds": flow["wall_seconds"], "raw_first_pass_seconds": raw["wall_seconds"],
-            "raw_first_pass_order": "raw, then the job" if index % 2 == 0 else "the job, then raw",
+            "raw_first_pass_order": "raw, then the job" if raw_first else "the job, then raw",
             "raw_pairs_median_seconds": raw_median_seconds,
             "ratio_job_with_retries_vs_raw_first_pass": ratio_job, "output_tokens": flow["output_tokens"],
             # the job's output tokens/s against raw's: the retries add tokens, so at raw's own rate the job would

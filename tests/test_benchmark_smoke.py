@@ -22,7 +22,8 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     out = tmp_path / "results"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--repeats", "2", "--beside-pipeline",
-                           "40", "--with-retries", "--retry-variants", "in_stream", "continue_in_stream", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+                           "40", "--with-retries", "--retry-variants", "in_stream", "continue_in_stream",
+                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
     result = json.loads((out / "latest.json").read_text(encoding="utf-8"))
