@@ -10,10 +10,12 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from batchgen.records import ACCEPTED_FIELDS, OPTIONAL_RESULT_SCHEMA
 from batchgen.vllm_sampling import passthrough_problem
@@ -26,8 +28,36 @@ class JobError(ValueError):
 AT = "@"  # a model validator's message "@field: ..." is about that field of the model (see _format_validation_error)
 
 
+def _top_types(annotation: Any) -> set[Any]:
+    """The types a field's value may have, through unions and Annotated (list[int] is a list: its items are not
+    looked into)."""
+    origin = get_origin(annotation)
+    if origin in (Union, UnionType):
+        return set().union(*(_top_types(arg) for arg in get_args(annotation)))
+    if origin is Annotated:
+        return _top_types(get_args(annotation)[0])
+    return {annotation if origin is None else origin}
+
+
+def _number_not_bool(annotation: Any) -> bool:
+    """Whether a field takes a number and not true/false: pydantic would read true as 1 there."""
+    types = _top_types(annotation)
+    return bool(types & {int, float}) and not types & {bool, Any}
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """YAML's true/false where a number is expected is a mistake, not 1 or 0 (pydantic would take it as one:
+        `limit: true` would read one row)."""
+        if isinstance(value, bool) and info.field_name is not None:
+            field = cls.model_fields.get(info.field_name)
+            if field is not None and _number_not_bool(field.annotation):
+                raise ValueError(f"a number is expected, not {str(value).lower()}")
+        return value
 
 
 class InputSpec(_Section):

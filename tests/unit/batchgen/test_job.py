@@ -87,6 +87,13 @@ BAD_JOBS = [
                  id="vllm-type"),
     pytest.param(job_with(prompt={"style": "completion"}), ["prompt", "system message needs style 'chat'"],
                  id="system-with-completion"),
+    # YAML's true where a number belongs: pydantic alone reads it as 1 (`limit: true` would read one row)
+    pytest.param(job_with(input={"limit": True}), ["input.limit", "a number is expected, not true"],
+                 id="limit-true"),
+    pytest.param(job_with(sampling={"temperature": False}), ["sampling.temperature", "a number is expected, not false"],
+                 id="temperature-false"),
+    pytest.param(job_with(retry={"max_tokens_cap": True}), ["retry.max_tokens_cap", "a number is expected"],
+                 id="cap-true"),
 ]
 
 
@@ -99,6 +106,12 @@ def test_bad_job_raises_job_error_naming_the_field(tmp_path, data, expected):
     assert message.startswith(f"{path}: the job is not valid")
     for fragment in expected:
         assert fragment in message
+
+
+def test_true_and_false_still_set_the_fields_that_take_them(tmp_path):
+    job = load_job(write_job(tmp_path, job_with(sampling={"ignore_eos": True}, output={"jsonl": False},
+                                                engine={"enforce_eager": True})))
+    assert job.sampling.ignore_eos is True and job.output.jsonl is False and job.engine.enforce_eager is True
 
 
 def test_min_tokens_above_max_tokens_is_rejected_before_the_engine_starts(tmp_path):
