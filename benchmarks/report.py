@@ -244,9 +244,10 @@ def render_markdown(result: dict[str, Any]) -> str:
             f"example job's retries ({with_retries['retry']}): first pass, retries, validation and publishing, "
             f"{_num(with_retries['job_wall_seconds'])} s with {with_retries['retry_attempts']} retry attempts "
             f"({with_retries['accepted']:,} accepted, {with_retries['rejected']:,} rejected); raw vLLM's one "
-            f"`LLM.generate` call, retries off, made right beside the job "
-            f"({with_retries.get('raw_first_pass_order') or 'before the job'}): "
-            f"{_num(with_retries['raw_first_pass_seconds'])} s"
+            f"`LLM.generate` call, retries off, "
+            + (f"made right beside the job ({with_retries['raw_first_pass_order']}): "
+               if with_retries.get("raw_first_pass_order") else "one of the pairs' (results before 2026-12-04): ")
+            + f"{_num(with_retries['raw_first_pass_seconds'])} s"
             + (f" (the pairs' median raw call: {_num(with_retries['raw_pairs_median_seconds'])} s)"
                if with_retries.get("raw_pairs_median_seconds") else "") + ". "
             f"`ratio_job_with_retries_vs_raw_first_pass` = raw / job = "
@@ -269,8 +270,10 @@ def render_markdown(result: dict[str, Any]) -> str:
                       "retry passes after each window's validation (`retry.in_stream: false`), with "
                       "`retry.strategy: continue` in the stream, and in the stream but behind the first attempts "
                       "still waiting (`in_stream_first_come`: every request at priority 0, as under vLLM's default "
-                      "policy). Each is compared with a raw call of its own, made right before or after it. "
-                      "Engine full: the share of the engine's stepping time it held at least max_num_seqs "
+                      "policy). "
+                      + ("Each is compared with a raw call of its own, made right before or after it. "
+                         if with_retries.get("raw_first_pass_order") else "")
+                      + "Engine full: the share of the engine's stepping time it held at least max_num_seqs "
                       "requests.", "",
                       "| retries | job s | raw first pass s | raw / job | output tokens (raw's first pass) "
                       "| retry attempts | accepted | rejected | engine full |",
