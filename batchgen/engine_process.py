@@ -13,10 +13,12 @@ The child is `python -m batchgen.engine_process FD`. It reads the `vllm.LLM` arg
 answers `ready` with what vLLM loaded, then serves until told to stop or until its socket closes (the run's
 process is gone), stopping vLLM before it exits:
 
-    add SUB PROMPTS PARAMS LORAS PRIORITIES
+    add SUB PROMPTS PARAMS LORAS PRIORITIES SPARE
                                    -> out SUB [(index, Output), ...] FIRST_ADDED LAST_OUTPUT, as requests finish
                                       (or failed SUB TEXT when the engine dies)
     cancel SUB
+    withdraw SUB                   -> out SUB [(index, None), ...] ... for its requests that had not finished
+    promote SUB
     call ID (MODULE, NAME, ARGS)   -> result ID OK VALUE: MODULE.NAME(llm, *ARGS) on the stream's thread once it
                                       is idle (pickled on its own, so that what does not unpickle fails the call)
     stop
@@ -135,6 +137,12 @@ class _RemoteSubmission(Submission):
             except StreamError:
                 pass
 
+    def withdraw(self) -> None:
+        self.stream._send(("withdraw", self.number))
+
+    def promote(self) -> None:
+        self.stream._send(("promote", self.number))
+
 
 class RemoteStream:
     """batchgen.stream.EngineStream's surface for submitters, over the socket to the engine process."""
@@ -154,7 +162,7 @@ class RemoteStream:
         return self._error is None
 
     def submit(self, prompts: list[Any], params: list[Any], loras: list[Any] | None = None,
-               into: Submission | None = None, priorities: list[int] | None = None) -> Submission:
+               into: Submission | None = None, priorities: list[int] | None = None, spare: bool = False) -> Submission:
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling parameters")
         number = next(self._numbers)
@@ -165,7 +173,8 @@ class RemoteStream:
             with self._lock:
                 self._submissions[number] = submission
             loras = loras if loras and any(lora is not None for lora in loras) else None
-            self._send(("add", number, prompts, params, loras, priorities if priorities and any(priorities) else None))
+            self._send(("add", number, prompts, params, loras, priorities if priorities and any(priorities) else None,
+                        spare))
         return submission
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -350,9 +359,9 @@ class _Server:
                 return
             kind = message[0]
             if kind == "add":
-                _, number, prompts, params, loras, priorities = message
+                _, number, prompts, params, loras, priorities, spare = message
                 try:
-                    submission = self.stream.submit(prompts, params, loras, priorities=priorities)
+                    submission = self.stream.submit(prompts, params, loras, priorities=priorities, spare=spare)
                 except StreamError as exc:  # the engine died earlier
                     self.send(("failed", number, str(exc)))
                     continue
@@ -364,6 +373,13 @@ class _Server:
                 if submission is not None:
                     submission.cancel()
                     submission._outputs.put(StreamError("cancelled"))  # its forwarder stops waiting
+            elif kind in ("withdraw", "promote"):
+                submission = self.submissions.get(message[1])
+                if submission is not None:  # else it has sent every output already
+                    try:
+                        getattr(submission, kind)()
+                    except StreamError:  # the engine died: its forwarder says so
+                        pass
             elif kind == "call":
                 threading.Thread(target=self.call, args=message[1:], daemon=True, name="batchgen-call").start()
             elif kind == "stop":
@@ -372,7 +388,8 @@ class _Server:
     def forward(self, number: int, submission: Submission) -> None:
         try:
             for batch in submission.batches(SEND_ITEMS, SEND_SECONDS):
-                self.send(("out", number, [(index, plain_output(output)) for index, output in batch],
+                self.send(("out", number, [(index, None if output is None else plain_output(output))
+                                           for index, output in batch],
                            submission.first_added_at, submission.last_output_at))
         except StreamError as exc:
             self.send(("failed", number, str(exc)))

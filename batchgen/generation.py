@@ -264,12 +264,79 @@ def retries_first(engine: Any) -> bool:
     return args.get("scheduling_policy") == "priority"
 
 
+class Spares:
+    """Follow-ups started before they are known to be needed (`ahead`, batchgen.retry.stream_retry): when a cut-off
+    output's retry is sent, the attempt after it (its own retry, should it be cut off too) is sent as a spare
+    request, which the engine starts only while it has room (EngineStream.submit). When the retry's output is
+    committed, the spare is adopted if it is that output's follow-up (its output then committed right after it,
+    as if it had been sent then), else withdrawn; an output that comes before that is held. Nothing is committed
+    out of order, so a rerun after a crash finds what it found without spares."""
+
+    def __init__(self, ahead: Callable[[GenRequest], GenRequest | None] | None, key: Callable[[GenRequest], str]):
+        self._ahead, self._key = ahead, key
+        self._of: dict[int, tuple[int, str, Any]] = {}  # request index -> its spare's (index, key, submission)
+        self._open: set[int] = set()  # spares whose request's output has not been committed
+        self._held: dict[int, Any] = {}  # outputs of open spares
+        self._dropped: set[int] = set()  # withdrawn spares whose output (or None) is still to come
+        self.kept = self.withdrawn = 0
+
+    def ahead(self, request: GenRequest) -> tuple[str, GenRequest] | None:
+        """(key, request) of the spare to start beside `request`, or None."""
+        if self._ahead is None:
+            return None
+        spare = self._ahead(request)
+        return None if spare is None else (self._key(spare), spare)
+
+    def started(self, index: int, spare_index: int, key: str, submission: Any) -> None:
+        """The spare for request `index` is request `spare_index` (its key), sent as `submission`."""
+        self._of[index] = (spare_index, key, submission)
+        self._open.add(spare_index)
+
+    def decided_by(self, index: int) -> bool:
+        """Whether request `index` has a spare that its output decides on."""
+        return index in self._of
+
+    def sort(self, batch: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+        """The outputs of `batch` to commit now: not those of spares still open (held) or withdrawn (dropped)."""
+        ready = []
+        for index, output in batch:
+            if index in self._dropped:
+                self._dropped.discard(index)
+            elif index in self._open:
+                self._held[index] = output
+            elif output is not None:
+                ready.append((index, output))
+        return ready
+
+    def resolve(self, index: int, follow_up: GenRequest | None) -> tuple[int, Any] | None:
+        """Request `index`'s output is being committed and its follow-up is `follow_up`: None when it had no
+        spare or the spare is not that follow-up (then withdrawn); else the spare is adopted: (its index, its
+        output if it came already, else None)."""
+        if index not in self._of:
+            return None
+        spare_index, key, submission = self._of.pop(index)
+        self._open.discard(spare_index)
+        held = self._held.pop(spare_index, None)
+        if follow_up is not None and self._key(follow_up) == key:
+            self.kept += 1
+            if held is None:
+                submission.promote()  # it runs now, room or not
+            return spare_index, held
+        self.withdrawn += 1
+        if held is None:
+            self._dropped.add(spare_index)
+            submission.withdraw()
+        return None
+
+
 class Ran(NamedTuple):
     rows: list[Attempt]  # every request's attempts, reused ones included
     reused: int  # requests answered from `done`
     first_added_at: float | None = None  # perf_counter: the first new request entered the engine
     last_output_at: float | None = None  # perf_counter: the last new output came back
     follow_ups: int = 0  # follow-up requests (run_requests' follow_up), reused ones included
+    spares_kept: int = 0  # spare requests (Spares) that were the follow-up of their request's output
+    spares_dropped: int = 0  # those that were not, withdrawn
 
 
 def run_requests(
@@ -300,8 +367,10 @@ def run_requests(
     `follow_up(attempt)` is another request for an attempt, or None (a cut-off output grown or continued,
     batchgen.retry.stream_retry): follow-ups of new outputs join the same submission as soon as their outputs
     are committed, so they run while the engine is still full; those of reused attempts are looked up in `done`
-    first, as a rerun after a crash finds them there. `on_requests_done()` is called once every one of
-    `requests` has its output committed (what is left, if anything, is follow-ups).
+    first, as a rerun after a crash finds them there. With `follow_up.ahead` (retry.ahead), each follow-up's own
+    follow-up is started beside it as a spare request (Spares), committed only after it and only if it is needed.
+    `on_requests_done()` is called once every one of `requests` has its output committed (what is left, if
+    anything, is follow-ups).
     """
     from batchgen.adapters import lora_request
 
@@ -360,44 +429,78 @@ def run_requests(
 
     ranked = retries_first(engine)
 
-    def submit(new: list[tuple[str, GenRequest]], into: Any = None) -> Any:
+    def submit(new: list[tuple[str, GenRequest]], into: Any = None, spare: bool = False) -> Any:
         prompts, params = engine_requests(new, base)
         loras = [lora_request(adapters or {}, request.lora) for _, request in new] if adapters else None
         priorities = [1 - request.attempt for _, request in new] if ranked else None
-        return engine.stream.submit(prompts, params, loras, into=into, priorities=priorities)
+        return engine.stream.submit(prompts, params, loras, into=into, priorities=priorities, spare=spare)
 
     submission = submit(pending)
     since = time.perf_counter()
+    spares = Spares(getattr(follow_up, "ahead", None), lambda request: request_keys([request], base, model_identity)[0])
     # A cut-off output's follow-up is sent once the output is committed: its batch is committed within
-    # FOLLOW_UP_COMMIT_SECONDS, not after commit_seconds (10 s by default), so retries join the stream at once.
-    urgent = cut_off if follow_up is not None else None
+    # FOLLOW_UP_COMMIT_SECONDS, not after commit_seconds (10 s by default), so retries join the stream at once. So is
+    # an output with a spare beside it: its commit decides whether the spare is kept or withdrawn (a withdrawn
+    # spare's place in the engine is freed, and the submission does not end before it is decided).
+    urgent = (lambda index, output: cut_off(output) or spares.decided_by(index)) if follow_up is not None else None
+
+    def commit(ready: list[tuple[int, Any]], seconds: float, finished_at: datetime) -> list[tuple[int, Any]]:
+        """Commit finished outputs, send their follow-ups; returns held spare outputs that this commit adopted."""
+        nonlocal finished, total, first_left
+        new_rows: list[Attempt] = []
+        more: list[GenRequest] = []
+        adopted: list[tuple[int, Any]] = []
+        chain: list[int] = []  # requests now sent for good (follow-ups, adopted spares): each gets its spare
+        for index, output in ready:
+            key, request = pending[index]
+            for row in output_rows(request, output, key, seconds, finished_at, keep, keep_prompt):
+                new_rows.append(row)
+                next_request = None if follow_up is None else follow_up(row)
+                taken = spares.resolve(index, next_request)  # its spare, if it is the follow-up
+                if taken is not None:
+                    total += 1
+                    spare_index, spare_output = taken
+                    if spare_output is None:  # still running: it may be cut off too
+                        chain.append(spare_index)
+                    else:
+                        adopted.append((spare_index, spare_output))
+                elif next_request is not None:
+                    more.append(next_request)
+        rows.extend(new_rows)
+        finished += len(ready)
+        total += len(more)
+        if on_commit is not None:  # committed before their follow-ups exist: a rerun finds what they grow
+            on_commit(new_rows, finished, total)
+        if more:
+            new = list(zip(request_keys(more, base, model_identity), more))
+            submit(new, into=submission)  # indexed after `pending`'s requests so far
+            chain.extend(range(len(pending), len(pending) + len(new)))
+            pending.extend(new)
+        for index in chain:  # the attempt after each, started while the engine has room
+            spare = spares.ahead(pending[index][1])
+            if spare is not None:
+                spares.started(index, len(pending), spare[0], submit([spare], into=submission, spare=True))
+                pending.append(spare)
+        if first_left:
+            first_left -= sum(index < n_first for index, _ in ready)
+            if not first_left and on_requests_done is not None:
+                on_requests_done()
+        return adopted
+
     try:
         for batch in submission.batches(commit_every, commit_seconds, urgent,
                                         min(commit_seconds, FOLLOW_UP_COMMIT_SECONDS)):
             now = time.perf_counter()
             seconds, since = now - since, now
             finished_at = datetime.now(timezone.utc)
-            new_rows = [row for index, output in batch
-                        for row in output_rows(pending[index][1], output, pending[index][0], seconds, finished_at,
-                                               keep, keep_prompt)]
-            rows.extend(new_rows)
-            finished += len(batch)
-            more = [] if follow_up is None else [r for row in new_rows if (r := follow_up(row)) is not None]
-            total += len(more)
-            if on_commit is not None:  # committed before their follow-ups exist: a rerun finds what they grow
-                on_commit(new_rows, finished, total)
-            if more:
-                new = list(zip(request_keys(more, base, model_identity), more))
-                submit(new, into=submission)  # indexed after `pending`'s requests so far
-                pending.extend(new)
-            if first_left:
-                first_left -= sum(index < n_first for index, _ in batch)
-                if not first_left and on_requests_done is not None:
-                    on_requests_done()
+            ready = spares.sort(batch)
+            while ready:  # a spare output adopted by this commit is committed right after it
+                ready = commit(ready, seconds, finished_at)
     except BaseException:
         submission.cancel()  # a failed commit: the engine stops working for this task
         raise
-    return Ran(rows, reused, submission.first_added_at, submission.last_output_at, total - len(requests))
+    return Ran(rows, reused, submission.first_added_at, submission.last_output_at, total - len(requests),
+               spares.kept, spares.withdrawn)
 
 
 def beam_search_chunk(llm: Any, chunk: list[tuple[str, GenRequest]], base: dict[str, Any],

@@ -534,6 +534,13 @@ class RetrySpec(_Section):
         "pass's requests still running (true), or in a retry pass once their window is validated (false). The "
         "same attempts either way; other failures are always retried in passes, after validation.",
     )
+    ahead: bool = Field(
+        True,
+        description="With grow in the stream: a cut-off output's retry also starts the attempt after it (the one "
+        "it gets if the retry is cut off too) while the engine has room, and drops it if the retry is not cut "
+        "off. The same attempts and outputs; a chain of cut-offs at the end of a run takes its longest attempt's "
+        "time, not the sum of its attempts'.",
+    )
 
 
 class OutputSpec(_Section):

@@ -18,6 +18,7 @@ a retry pass would make; the passes after validation then retry only the other f
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from collections.abc import Callable
 
 import pandas as pd
@@ -121,6 +122,16 @@ def stream_retry(retry: RetrySpec, max_model_len: int,
             return None
         return grow_request(row, retry, max_model_len, seam)
 
+    def ahead(request: GenRequest) -> GenRequest | None:
+        """The follow-up `request` will have if its output is cut off (grow only: a continuation needs the
+        output), so that it can start before that is known (run_requests' spare requests)."""
+        return follow_up(SimpleNamespace(
+            finish_reason="length", item_id=request.item_id, prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids, n_prompt_tokens=len(request.prompt_token_ids),
+            max_tokens=request.max_tokens, attempt=request.attempt, candidate=request.candidate,
+            temperature=request.temperature, lora=request.lora))
+
+    follow_up.ahead = ahead if retry.strategy == "grow" and retry.ahead else None  # type: ignore[attr-defined]
     return follow_up
 
 

@@ -27,6 +27,10 @@ log = logging.getLogger("batchgen.stream")
 # Requests added between two engine steps: the engine keeps stepping while a large submission
 # is still being added (each add tokenizes nothing but does validate and copy its parameters).
 ADD_PER_STEP = 256
+# Spare requests (submit(spare=True)) enter the engine only while it holds fewer requests than this share of its
+# max_num_seqs: a step's time barely grows with a batch that small, so what a spare request costs, when it is
+# withdrawn, is little engine time that nothing else wanted.
+SPARE_SHARE = 0.25
 
 
 class StreamError(RuntimeError):
@@ -35,7 +39,7 @@ class StreamError(RuntimeError):
 
 @dataclass
 class _Message:
-    kind: str  # add | cancel | call | stop
+    kind: str  # add | cancel | withdraw | promote | call | stop
     submission: Submission | None = None
     call: Callable[[], Any] | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -51,6 +55,7 @@ class Submission:
         self.prompts, self.params = prompts, params
         self.loras: list[Any] | None = None  # a LoRARequest (or None) per prompt, when any request uses an adapter
         self.priorities: list[int] | None = None  # vLLM's priority per prompt (lower first), when any is not 0
+        self.spare = False  # its requests enter the engine only when it has room (EngineStream.submit)
         self.ids = [f"{tag}-{i}" for i in range(len(prompts))]
         self.total = len(prompts)
         self.received = 0
@@ -70,7 +75,8 @@ class Submission:
         parent.children.append(self)
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
-        """(index into the submitted lists, vLLM RequestOutput) as each request finishes."""
+        """(index into the submitted lists, vLLM RequestOutput) as each request finishes; the output is None for
+        a request withdrawn before it finished (withdraw)."""
         while self.received < self.total:
             got = self._outputs.get()
             if isinstance(got, BaseException):
@@ -78,11 +84,11 @@ class Submission:
             self.received += 1
             yield got
 
-    def batches(self, max_items: int, max_seconds: float, urgent: Callable[[Any], bool] | None = None,
+    def batches(self, max_items: int, max_seconds: float, urgent: Callable[[int, Any], bool] | None = None,
                 urgent_seconds: float = 0.0) -> Iterator[list[tuple[int, Any]]]:
         """Finished outputs in batches: whatever is there after `max_seconds`, or `max_items`, whichever first; a
-        batch holding an output for which `urgent(output)` is true waits at most `urgent_seconds` more (an output
-        whose follow-up request waits for its batch)."""
+        batch holding an output for which `urgent(index, output)` is true waits at most `urgent_seconds` more (an
+        output whose follow-up request waits for its batch)."""
         batch: list[tuple[int, Any]] = []
         deadline = time.monotonic() + max_seconds
         while self.received < self.total:
@@ -96,7 +102,7 @@ class Submission:
             if got is not None:
                 self.received += 1
                 batch.append(got)
-                if urgent is not None and urgent(got[1]):
+                if urgent is not None and got[1] is not None and urgent(*got):
                     deadline = min(deadline, time.monotonic() + urgent_seconds)
             if batch and (len(batch) >= max_items or time.monotonic() >= deadline or self.received == self.total):
                 yield batch
@@ -116,6 +122,16 @@ class Submission:
                     self.stream._send(_Message("cancel", submission=submission))
             except StreamError:  # the engine died meanwhile: nothing of this submission is left in it
                 pass
+
+    def withdraw(self) -> None:
+        """Take this (joined) submission's unfinished requests out of the engine, its reader still reading: each
+        one's output comes through as None instead, so exactly one output or None arrives per request (an output
+        that had finished before the withdrawal comes as it is)."""
+        self.stream._send(_Message("withdraw", submission=self))
+
+    def promote(self) -> None:
+        """A spare submission's requests enter the engine like any others, room or not (no-op once they are in)."""
+        self.stream._send(_Message("promote", submission=self))
 
 
 def _capacity(engine: Any) -> int | None:
@@ -145,6 +161,7 @@ class EngineStream:
         self._inbox: queue.SimpleQueue[_Message] = queue.SimpleQueue()
         self._routes: dict[str, tuple[Submission, int]] = {}
         self._adding: list[tuple[Submission, int]] = []  # (submission, next index to add)
+        self._spare: list[Submission] = []  # spare submissions waiting for room in the engine
         self._deferred: list[_Message] = []  # calls waiting for an idle engine
         self._tags = itertools.count()
         self._lock = threading.Lock()
@@ -168,16 +185,19 @@ class EngineStream:
     # ---------------------------------------------------------------- submitters' side
 
     def submit(self, prompts: list[Any], params: list[Any], loras: list[Any] | None = None,
-               into: Submission | None = None, priorities: list[int] | None = None) -> Submission:
+               into: Submission | None = None, priorities: list[int] | None = None, spare: bool = False) -> Submission:
         """Queue requests (vLLM prompts, e.g. TokensPrompt, and one SamplingParams each, and optionally one
         LoRARequest or None each, and one vLLM priority each: lower runs first, on an engine built with
         scheduling_policy "priority"); returns at once. `into`: add them to that submission (Submission.join),
-        from the thread that reads it."""
+        from the thread that reads it. `spare`: the requests may turn out not to be needed (Submission.withdraw):
+        they enter the engine only while it holds fewer than SPARE_SHARE of its max_num_seqs (when it does not
+        say, while it holds nothing), or once promoted (Submission.promote)."""
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling parameters")
         submission = Submission(self, prompts, params, f"bg{next(self._tags)}")
         submission.loras = loras if loras and any(lora is not None for lora in loras) else None
         submission.priorities = priorities if priorities and any(priorities) else None
+        submission.spare = spare
         if into is not None:
             submission.join(into)
         if prompts:
@@ -226,10 +246,11 @@ class EngineStream:
             self._fail_all(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
-        for submission in {s for s, _ in self._routes.values()} | {s for s, _ in self._adding}:
+        for submission in {s for s, _ in self._routes.values()} | {s for s, _ in self._adding} | set(self._spare):
             submission._outputs.put(exc)
         self._routes.clear()
         self._adding.clear()
+        self._spare.clear()
         for message in self._deferred:
             message.error = exc
             message.done.set()
@@ -247,7 +268,7 @@ class EngineStream:
     def _loop(self) -> None:
         engine = self.engine
         while True:
-            busy = bool(self._adding) or engine.has_unfinished_requests()
+            busy = bool(self._adding) or bool(self._spare) or engine.has_unfinished_requests()
             if not busy and self._deferred:
                 for message in self._deferred:
                     self._run_call(message)
@@ -285,18 +306,33 @@ class EngineStream:
             self._fail_all(closed)
             return False
         if message.kind == "add":
-            self._adding.append((message.submission, 0))
+            (self._spare.append(message.submission) if message.submission.spare
+             else self._adding.append((message.submission, 0)))
         elif message.kind == "cancel":
             self._cancel(message.submission)
+        elif message.kind == "withdraw":
+            self._withdraw(message.submission)
+        elif message.kind == "promote":
+            if message.submission in self._spare:
+                self._spare.remove(message.submission)
+                self._adding.append((message.submission, 0))
         elif message.kind == "call":
             self._deferred.append(message)
         return True
 
     def _add_some(self) -> None:
         budget = self.add_per_step
+        if self._spare and not self._adding:  # spare requests while there is room, after every other one
+            held = self.engine.get_num_unfinished_requests()
+            room = (1 if self.capacity is None else max(int(self.capacity * SPARE_SHARE), 1)) - held
+            while self._spare and room > 0:
+                spare = self._spare.pop(0)
+                self._adding.append((spare, 0))
+                room -= len(spare.ids)
         while self._adding and budget > 0:
             submission, start = self._adding[0]
-            stop = min(start + budget, submission.total)
+            # its own requests: `total` counts those joined to it too, which are added as submissions of their own
+            stop = min(start + budget, len(submission.ids))
             if submission.first_added_at is None:
                 submission.first_added_at = time.perf_counter()
             loras, priorities = submission.loras, submission.priorities
@@ -313,7 +349,7 @@ class EngineStream:
                         extra["priority"] = priorities[index]
                     self.engine.add_request(request_id, submission.prompts[index], submission.params[index], **extra)
             budget -= stop - start
-            if stop == submission.total:
+            if stop == len(submission.ids):
                 self._adding.pop(0)
                 submission.prompts = submission.params = []  # the engine holds its own copies now
                 submission.loras = submission.priorities = None
@@ -334,13 +370,24 @@ class EngineStream:
                 submission.parent.last_output_at = now
             submission._outputs.put((submission.offset + index, output))
 
-    def _cancel(self, submission: Submission) -> None:
+    def _cancel(self, submission: Submission) -> list[int]:
+        """Take the submission's requests out of the engine and the queues; returns the indices of those that
+        had not finished."""
+        left = [index for s, start in self._adding if s is submission for index in range(start, len(s.ids))]
+        if submission in self._spare:
+            self._spare.remove(submission)
+            left = list(range(len(submission.ids)))
         self._adding = [(s, i) for s, i in self._adding if s is not submission]
         ids = [request_id for request_id, (s, _) in self._routes.items() if s is submission]
         for request_id in ids:
-            del self._routes[request_id]
+            left.append(self._routes.pop(request_id)[1])
         if ids:
             self.engine.abort_request(ids)
+        return left
+
+    def _withdraw(self, submission: Submission) -> None:
+        for index in self._cancel(submission):  # the reader hears of each one: None in place of its output
+            submission._outputs.put((submission.offset + index, None))
 
     def _run_call(self, message: _Message) -> None:
         try:

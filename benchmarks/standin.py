@@ -7,6 +7,9 @@
 returns every pending request as finished. Each completion is `max_tokens` tokens long (the words
 "The product is a", repeated), cut off (`finish_reason` "length").
 
+`BatchingStandInEngine` steps like a GPU instead: a request takes a step per token, with at most `running`
+requests at once, so a cut-off output's retries are a chain of steps (for measuring how the flow feeds an engine).
+
 `install()` makes the flow's generate task use it in place of `batchgen.engine.get_engine`.
 """
 
@@ -15,6 +18,9 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
+import time
+import zlib
+from collections import OrderedDict
 from types import SimpleNamespace
 from typing import Any
 
@@ -91,11 +97,72 @@ class StandInEngine:
                     self.aborted += 1
 
 
-class StandInLLM:
-    """vllm.LLM's surface used by the flow; holds nothing between calls."""
+class BatchingStandInEngine(StandInEngine):
+    """A stand-in that batches like vLLM: at most `running` requests run at once, each step takes `step_seconds` and
+    gives each running request one token, so a request of max_tokens takes max_tokens steps. `cut_percent` of the
+    requests (by a hash of the request id) are cut off at their budget; the others stop at 60% of it. Counts the
+    tokens its steps made (`tokens`) and when the last output came (`last_output_at`, perf_counter); says its
+    max_num_seqs as vLLM's engine does (`vllm_config`), so the flow's stream knows how full it is."""
 
-    def __init__(self) -> None:
-        self.llm_engine = StandInEngine()
+    def __init__(self, step_seconds: float, cut_percent: int = 15, running: int = 1024) -> None:
+        super().__init__()
+        self.step_seconds, self.cut_percent, self.running = step_seconds, cut_percent, running
+        self.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=running))
+        self._running: OrderedDict[str, list[Any]] = OrderedDict()
+        self.tokens = 0
+        self.last_output_at = 0.0
+
+    def step(self) -> list[SimpleNamespace]:
+        time.sleep(self.step_seconds)
+        with self._lock:
+            for request_id in list(self._pending):
+                if len(self._running) >= self.running:
+                    break
+                ids, max_tokens, n = self._pending.pop(request_id)
+                cut = zlib.crc32(request_id.encode()) % 100 < self.cut_percent
+                length = max_tokens if cut else max(1, int(0.6 * max_tokens))
+                self._running[request_id] = [ids, max_tokens, n, length, length]
+            done = []
+            for request_id, request in list(self._running.items()):
+                request[4] -= 1
+                if request[4] <= 0:
+                    done.append((request_id, request))
+                    del self._running[request_id]
+            self.steps += 1
+            self.busy_steps += bool(done)
+            self.tokens += len(self._running) + len(done)
+        if done:
+            self.last_output_at = time.perf_counter()
+        outputs = []
+        for request_id, (ids, max_tokens, n, length, _) in done:
+            output = finished_output(request_id, ids, max_tokens, n)
+            if length < max_tokens:
+                for completion in output.outputs:
+                    completion.token_ids = completion.token_ids[:length]
+                    completion.text, completion.finish_reason = completion.text[:4 * length], "stop"
+            outputs.append(output)
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._pending) or bool(self._running)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._pending) + len(self._running)
+
+    def abort_request(self, request_ids: Any, internal: bool = False) -> None:
+        super().abort_request(request_ids, internal)
+        with self._lock:
+            for request_id in [request_ids] if isinstance(request_ids, str) else list(request_ids):
+                if self._running.pop(request_id, None) is not None:
+                    self.aborted += 1
+
+
+class StandInLLM:
+    """vllm.LLM's surface used by the flow; holds nothing between calls. `engine`: its llm_engine (a StandInEngine
+    unless given)."""
+
+    def __init__(self, engine: StandInEngine | None = None) -> None:
+        self.llm_engine = engine if engine is not None else StandInEngine()
         self.generate_calls = 0
         self._ids = itertools.count()
 

@@ -149,6 +149,8 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str, max_mode
     seconds = time.perf_counter() - started
     print(f"generate [{label}]: {len(requests)} requests"
           + (f" and {ran.follow_ups} cut-off outputs retried in the stream" if ran.follow_ups else "")
+          + (f" ({ran.spares_kept} started ahead; {ran.spares_dropped} started ahead and dropped, not needed)"
+             if ran.spares_kept or ran.spares_dropped else "")
           + f" -> {len(frame)} outputs"
           + f", {ran.reused} reused, {fresh_tokens} new output tokens in {seconds:.1f} s")
     engine_seconds = (ran.last_output_at - ran.first_added_at

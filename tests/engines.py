@@ -15,9 +15,12 @@ class StandInCore:
     """LLMEngine's add_request / step / has_unfinished_requests / abort_request. Each step answers up to `per_step`
     pending requests (all when None) through `answer(prompts, params)`, which returns one output per prompt."""
 
-    def __init__(self, answer: Callable[[list[Any], list[Any]], list[Any]], per_step: int | None = None):
+    def __init__(self, answer: Callable[[list[Any], list[Any]], list[Any]], per_step: int | None = None,
+                 max_num_seqs: int | None = None):
         self.answer = answer
         self.per_step = per_step
+        if max_num_seqs is not None:  # as vLLM's engine says it (EngineStream's capacity)
+            self.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs))
         self.pending: list[tuple[str, Any, Any]] = []
         self.aborted: list[str] = []
         self.priorities: dict[str, int] = {}  # as vLLM's priority policy: lower first, then first come
@@ -50,10 +53,11 @@ class StandInCore:
         return outputs
 
 
-def stand_in_engine(llm: Any, per_step: int | None = None) -> Engine:
+def stand_in_engine(llm: Any, per_step: int | None = None, max_num_seqs: int | None = None) -> Engine:
     """An Engine over a stand-in LLM with a `generate(prompts, params, use_tqdm)` method; its stream feeds
     `llm.llm_engine`, a StandInCore answering through that method."""
-    llm.llm_engine = StandInCore(lambda prompts, params: llm.generate(prompts, params, use_tqdm=False), per_step)
+    llm.llm_engine = StandInCore(lambda prompts, params: llm.generate(prompts, params, use_tqdm=False), per_step,
+                                 max_num_seqs)
     return Engine(llm=llm, model=ModelRef(name="stand-in", path="/stand-in"), args={}, max_model_len=2048,
                   load_seconds=0.0)
 
@@ -68,11 +72,11 @@ class ProcessStandInLLM:
     "tests.engines:ProcessStandInLLM": `per_step` requests answered every `seconds`, each output's text naming its
     prompt's first token id."""
 
-    def __init__(self, per_step: int = 2, seconds: float = 0.02, fail: bool = False):
+    def __init__(self, per_step: int = 2, seconds: float = 0.02, fail: bool = False, max_num_seqs: int | None = None):
         if fail:
             raise ValueError("no such model (stand-in)")
         self.seconds = seconds
-        self.llm_engine = StandInCore(self.answer, per_step)
+        self.llm_engine = StandInCore(self.answer, per_step, max_num_seqs)
         self.llm_engine.model_config = SimpleNamespace(max_model_len=2048, dtype="float32")
 
     def answer(self, prompts: list[Any], params: list[Any]) -> list[Any]:

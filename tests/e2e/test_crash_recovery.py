@@ -154,6 +154,16 @@ def committed_attempts(out: Path) -> pd.DataFrame:
     return pd.concat(frames) if frames else pd.DataFrame(columns=["item_id", "attempt", "finish_reason"])
 
 
+def wait_for_attempt(process: subprocess.Popen, out: Path, attempt: int, log: Path, timeout: float = 420) -> None:
+    """Wait until an attempt numbered `attempt` (2: a retry) is committed, the run still going."""
+    deadline = time.monotonic() + timeout
+    while (committed_attempts(out)["attempt"] == attempt).sum() == 0:
+        if process.poll() is not None or time.monotonic() > deadline:
+            why = "the run ended before" if process.poll() is not None else f"in {timeout} s, no"
+            raise AssertionError(f"{why} attempt {attempt} committed:\n{log.read_text()[-3000:]}")
+        time.sleep(0.05)
+
+
 def test_sigkill_while_cut_off_outputs_are_retried_in_the_stream(tmp_path):
     """Cut-off outputs go back into the engine as soon as their commit lands (retry.in_stream, the default); the run
     is SIGKILLed once some of those retries are committed and others are still running. The rerun publishes every
@@ -164,11 +174,7 @@ def test_sigkill_while_cut_off_outputs_are_retried_in_the_stream(tmp_path):
                       chunk_size=4, commit_seconds=3600, engine={"max_num_seqs": 4})
     out = tmp_path / "out"
     process, log = start_run(tmp_path, job)
-    deadline = time.monotonic() + 420
-    while (committed_attempts(out)["attempt"] == 2).sum() == 0:  # a retry made in the stream is committed
-        assert process.poll() is None, f"the run ended before a retry was committed:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"no retry committed after 420 s:\n{log.read_text()[-3000:]}"
-        time.sleep(0.1)
+    wait_for_attempt(process, out, 2, log)  # a retry made in the stream is committed
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=60)
     before = committed_attempts(out)
@@ -190,3 +196,48 @@ def test_sigkill_while_cut_off_outputs_are_retried_in_the_stream(tmp_path):
     cut = set(attempts.loc[(attempts["attempt"] == 1) & (attempts["finish_reason"] == "length"), "item_id"])
     assert cut and set(attempts.loc[attempts["attempt"] == 2, "item_id"]) == cut  # each retried once
     assert first_cut <= cut and attempts["attempt"].max() == 2
+
+
+def check_chains(attempts: pd.DataFrame, first_budget: int, max_passes: int) -> None:
+    """Each item's attempts are 1, 2, ... once each, with budgets growing x2, and attempt k+1 exists exactly when
+    attempt k was cut off and passes were left: no dropped spare request was published, none was missing."""
+    assert not attempts.duplicated(["item_id", "candidate", "attempt"]).any()
+    for item_id, chain in attempts.sort_values("attempt").groupby("item_id"):
+        numbers = list(chain["attempt"])
+        assert numbers == list(range(1, len(numbers) + 1)), (item_id, numbers)
+        assert list(chain["max_tokens"]) == [first_budget * 2 ** i for i in range(len(numbers))], item_id
+        reasons = list(chain["finish_reason"])
+        assert all(reason == "length" for reason in reasons[:-1]), (item_id, reasons)
+        assert reasons[-1] != "length" or len(numbers) == max_passes + 1, (item_id, reasons)
+
+
+def test_retries_started_ahead_publish_the_same_chains_and_survive_a_sigkill(tmp_path):
+    """retry.ahead (the default with grow): a retry's own retry starts beside it as a spare once the engine has
+    room, kept only when the retry is cut off too. A full run uses spares and publishes consistent chains; a run
+    SIGKILLed once a third attempt is committed loses nothing, and its rerun publishes every item once with each
+    chain as it would be without spares."""
+    job = product_job(tmp_path, ITEMS, sampling={"max_tokens": 4}, retry={"max_passes": 2, "growth_factor": 2},
+                      chunk_size=1, commit_seconds=3600, engine={"max_num_seqs": 16})
+    ids = list(pd.read_csv(tmp_path / "products.csv", dtype=str)["product_id"])
+    job["output"]["dir"] = str(tmp_path / "full")
+    process, log = start_run(tmp_path, job)
+    assert process.wait(timeout=900) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    assert " started ahead;" in text, text[-3000:]  # the generate task's line: spares were started
+    check_exactly_once(tmp_path / "full", ids)
+    check_chains(pd.read_parquet(tmp_path / "full" / "current" / "attempts" / "attempts.parquet"), 4, 2)
+
+    out = tmp_path / "out"
+    job["output"]["dir"] = str(out)
+    process, log = start_run(tmp_path, job)
+    wait_for_attempt(process, out, 3, log)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    before = committed_attempts(out)
+    assert not (out / "current").exists()
+    rerun, log = start_run(tmp_path, job)
+    assert rerun.wait(timeout=900) == 0, log.read_text()[-3000:]
+    check_exactly_once(out, ids)
+    manifest = json.loads((out / "current" / "manifest.json").read_text())
+    assert manifest["counts"]["reused"] >= len(before)  # every committed attempt, none generated twice
+    check_chains(pd.read_parquet(out / "current" / "attempts" / "attempts.parquet"), 4, 2)

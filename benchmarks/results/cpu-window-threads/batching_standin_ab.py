@@ -3,59 +3,21 @@
     STEP=0.03 CUT=15 MAXTOK=40 PREFECT_HOME=$PWD/.prefect BATCHGEN_CACHE=$PWD/.cache \
         .venv/bin/python benchmarks/results/cpu-window-threads/batching_standin_ab.py 10000 2
 
-The stand-in (benchmarks/standin.py, its step replaced here) holds at most 1,024 requests running, gives each one
+The stand-in (benchmarks/standin.py: BatchingStandInEngine) holds at most 1,024 requests running, gives each one
 token per step of STEP seconds, so a request of max_tokens takes max_tokens steps, and cuts off CUT% of them (the
 others stop at 60% of their budget): a cut-off output's retries (grow x2, 2 passes) are a chain of steps, as on a
 GPU. The flow runs with windows_in_flight 3 and its window threads set to 2 or 8 per place, alternating; one JSON
 line per run. An ad-hoc measurement kept with its figures (README.md), not a benchmark of the suite."""
 import sys, time, tempfile, shutil, json, os
-from collections import OrderedDict
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3]))
 from benchmarks import run as bench
 bench.set_environment()
 from prefect.testing.utilities import prefect_test_harness
 import benchmarks.standin as standin
-B, STEP = 1024, float(os.environ.get("STEP", "0.05")); CUT = int(os.environ.get("CUT", "15"))
-def step(self):
-    time.sleep(STEP)
-    with self._lock:
-        run = self.__dict__.setdefault("_running", OrderedDict())
-        for rid in list(self._pending):
-            if len(run) >= B: break
-            ids, m, n = self._pending.pop(rid)
-            cut = (hash(rid) % 100) < CUT
-            run[rid] = [ids, m, n, m if cut else max(1, int(0.6 * m)), cut]
-        done = []
-        for rid, r in list(run.items()):
-            r[3] -= 1
-            if r[3] <= 0: done.append((rid, r)); del run[rid]
-        self.steps += 1; self.busy_steps += bool(done)
-        self.__dict__["_tokens"] = self.__dict__.get("_tokens", 0) + len(run) + len(done)
-    outs = []
-    if done: LAST[0] = time.perf_counter()
-    for rid, r in done:
-        o = standin.finished_output(rid, r[0], r[1], r[2])
-        if not r[4]:
-            k = max(1, int(0.6 * r[1]))
-            for c in o.outputs:
-                c.token_ids = c.token_ids[:k]; c.finish_reason = "stop"; c.text = c.text[: 4 * k]
-        outs.append(o)
-    return outs
-LAST = [0.0]
-standin.StandInEngine.step = step
-standin.StandInEngine.has_unfinished_requests = lambda self: bool(self._pending) or bool(self.__dict__.get("_running"))
-standin.StandInEngine.get_num_unfinished_requests = lambda self: len(self._pending) + len(self.__dict__.get("_running", {}))
-orig_abort = standin.StandInEngine.abort_request
-def abort(self, ids, internal=False):
-    orig_abort(self, ids, internal)
-    with self._lock:
-        for rid in ([ids] if isinstance(ids, str) else list(ids)):
-            self.__dict__.get("_running", {}).pop(rid, None)
-standin.StandInEngine.abort_request = abort
-llm = standin.StandInLLM(); standin.install(llm)
+STEP, CUT = float(os.environ.get("STEP", "0.05")), int(os.environ.get("CUT", "15"))
+llm = standin.StandInLLM(standin.BatchingStandInEngine(STEP, CUT)); standin.install(llm)
 import flows.batch_generation as fb
 n, reps = int(sys.argv[1]), int(sys.argv[2])
-work = Path = None
 from pathlib import Path
 work = Path(tempfile.mkdtemp())
 job = bench.bench_job(bench.write_products(work / "p.csv", n), work / "out", int(os.environ.get("MAXTOK", "16"))).model_copy(update={"windows_in_flight": 3})
@@ -70,5 +32,5 @@ with prefect_test_harness(server_startup_timeout=120):
             t = time.perf_counter()
             m = fb.batch_generation(job.model_copy(update={"output": job.output.model_copy(update={"dir": str(out)})}))
             wall = time.perf_counter() - t
-            print(json.dumps({"threads_per_slot": per, "wall": round(wall, 2), "after_last_output": round(t + wall - LAST[0], 2), "timings": {k: round(v, 2) for k, v in m.timings_seconds.items()}, "items": m.counts.items, "generate": round(m.timings_seconds["generate"], 2)}), flush=True)
+            print(json.dumps({"threads_per_slot": per, "wall": round(wall, 2), "after_last_output": round(t + wall - llm.llm_engine.last_output_at, 2), "timings": {k: round(v, 2) for k, v in m.timings_seconds.items()}, "items": m.counts.items, "generate": round(m.timings_seconds["generate"], 2)}), flush=True)
 shutil.rmtree(work, ignore_errors=True)

@@ -169,3 +169,23 @@ def test_outputs_cross_as_plain_tuples_with_what_batchgen_reads():
     # the published logprob rows are the same from the plain tuples as from vLLM's objects
     assert top_logprobs(completion.logprobs) == top_logprobs(output.outputs[0].logprobs)
     assert top_logprobs(plain.prompt_logprobs) == top_logprobs(output.prompt_logprobs)
+
+
+def test_spare_requests_are_withdrawn_and_promoted_across_the_socket():
+    slow = start(per_step=1, seconds=0.05, max_num_seqs=8)  # room for a spare: fewer than 2 requests held
+    try:
+        main = slow.stream.submit(prompts(0, 4), [None] * 4)
+        withdrawn = slow.stream.submit(prompts(100, 1), [None], into=main, spare=True)
+        promoted = slow.stream.submit(prompts(200, 1), [None], into=main, spare=True)
+        got = {}
+        for batch in main.batches(1, 0.01):
+            for index, output in batch:
+                assert index not in got
+                got[index] = None if output is None else output.outputs[0].text
+                if index == 0:
+                    withdrawn.withdraw()  # still waiting for room: it never runs
+                    promoted.promote()
+        assert got == {0: "out 0", 1: "out 1", 2: "out 2", 3: "out 3", 4: None, 5: "out 200"}
+        assert main.received == main.total == 6
+    finally:
+        slow.close()

@@ -542,7 +542,8 @@ def test_stream_retries_stop_at_max_passes_and_at_the_cap():
 
 
 def test_a_rerun_reuses_the_committed_attempts_and_their_follow_ups_and_generates_only_the_rest():
-    retry = RetrySpec(max_passes=3, growth_factor=2, max_tokens_cap=64)
+    # no spare requests (retry.ahead): the engine is asked for exactly what is left (spares: the test below)
+    retry = RetrySpec(max_passes=3, growth_factor=2, max_tokens_cap=64, ahead=False)
     sampling = SamplingSpec(max_tokens=4)
     first = run_requests(Factory(FitsAt(16)), many_requests(4), sampling, MODEL, commit_every=1,
                          follow_up=grows(retry))
@@ -589,3 +590,92 @@ def test_requests_done_is_said_once_the_requests_have_their_outputs_while_their_
     run_requests(factory, many_requests(4), SamplingSpec(max_tokens=4), MODEL, commit_every=1, done=done,
                  follow_up=grows(RetrySpec(max_passes=3, max_tokens_cap=64)), on_requests_done=lambda: said.append(0))
     assert said == [0]  # all reused: said at once
+
+
+class FitsByItem(FakeLLM):
+    """Even items' outputs fit at a budget of 16, odd items' at 32; cut off ("length") below that."""
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        outputs = super().generate(prompts, sampling_params, use_tqdm)
+        for prompt, output, params in zip(prompts, outputs, sampling_params):
+            fits = 16 if prompt["prompt_token_ids"][0] % 2 == 0 else 32
+            for c in output.outputs:
+                c.finish_reason = "stop" if params.max_tokens >= fits else "length"
+        return outputs
+
+
+class TokenSteps:
+    """A stand-in core's step as a GPU's: every request in the engine makes one token a step (4 a step here, 5 ms),
+    and is answered once it has its budget (or the tokens it stops at: FitsByItem's fit)."""
+
+    def __init__(self, core):
+        self.core, self.made = core, {}
+
+    def __call__(self):
+        time.sleep(0.005)
+        core, done = self.core, []
+        for request_id, prompt, params in core.pending:
+            fits = 16 if prompt["prompt_token_ids"][0] % 2 == 0 else 32
+            self.made[request_id] = self.made.get(request_id, 0) + 4
+            if self.made[request_id] >= min(params.max_tokens, fits):
+                done.append((request_id, prompt, params))
+        core.pending = [p for p in core.pending if p not in done]
+        outputs = core.answer([prompt for _, prompt, _ in done], [params for _, _, params in done])
+        for (request_id, _, _), output in zip(done, outputs):
+            output.request_id, output.finished = request_id, True
+        return outputs
+
+
+def test_a_retry_s_own_retry_runs_beside_it_and_is_kept_only_when_the_retry_is_cut_off_too():
+    """retry.ahead: when a cut-off output's retry is sent (budgets 4, 8, 16, ...), the attempt after it is sent as
+    a spare that runs while the engine has room: every item needs the 16 beside its 8; odd items need the 32 beside
+    their 16 (adopted: committed after it), even items do not (withdrawn: never committed). The attempts, outputs
+    and keys are those of the chain without spares."""
+    def run(ahead: bool, done=None):
+        events: list[tuple] = []
+        llm = FitsByItem()
+        factory = Factory(llm)
+        factory.engine = stand_in_engine(llm, max_num_seqs=64)
+        core = llm.llm_engine
+        core.step = TokenSteps(core)
+        add = core.add_request
+        core.add_request = lambda request_id, prompt, params: (
+            events.append(("add", prompt["prompt_token_ids"][0], params.max_tokens)),
+            add(request_id, prompt, params))[1]
+        retry = RetrySpec(max_passes=3, growth_factor=2, max_tokens_cap=64, ahead=ahead)
+        ran = run_requests(factory, many_requests(6), SamplingSpec(max_tokens=4), MODEL, commit_every=1, done=done,
+                           on_commit=lambda rows, finished, total: events.extend(
+                               ("commit", r.item_id, r.attempt, r.max_tokens) for r in rows),
+                           follow_up=grows(retry))
+        return ran, events
+
+    def chain(ran):
+        return sorted((r.item_id, r.attempt, r.max_tokens, r.finish_reason, r.text, r.request_key) for r in ran.rows)
+
+    plain, plain_events = run(ahead=False)
+    ran, events = run(ahead=True)
+    assert chain(ran) == chain(plain)
+    assert sorted((r.item_id, r.attempt, r.max_tokens) for r in ran.rows) == sorted(
+        [(f"p{i}", a, b) for i in range(6) for a, b in ((1, 4), (2, 8), (3, 16))]
+        + [(f"p{i}", 4, 32) for i in range(1, 6, 2)])
+    assert ran.follow_ups == plain.follow_ups == 15
+    commits = [e[1:] for e in events if e[0] == "commit"]
+    for i in range(6):  # each item's attempts committed in their order, once each
+        assert [a for item, a, _ in commits if item == f"p{i}"] == sorted({a for item, a, _ in commits
+                                                                          if item == f"p{i}"})
+    for i in range(1, 6, 2):  # odd items' 32-token attempt was in the engine before their 16 was committed
+        assert events.index(("add", 1000 + i, 32)) < events.index(("commit", f"p{i}", 3, 16))
+    # without spares, only after it
+    assert plain_events.index(("add", 1001, 32)) > plain_events.index(("commit", "p1", 3, 16))
+
+    # a rerun after a crash that had committed the first attempts and p1's second: the same rows, and nothing
+    # committed asked of the engine again, spares included
+    store: dict[str, list] = defaultdict(list)
+    for row in ran.rows:
+        if row.attempt == 1 or (row.item_id == "p1" and row.attempt == 2):
+            store[row.request_key].append(row)
+    again, again_events = run(ahead=True, done=lambda keys: {k: store[k] for k in keys if k in store})
+    assert chain(again) == chain(plain)
+    assert again.reused == 6 + 1
+    sent = [e[1:] for e in again_events if e[0] == "add"]
+    assert not [s for s in sent if s[1] == 4] and (1001, 8) not in sent

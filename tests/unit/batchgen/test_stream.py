@@ -20,8 +20,9 @@ def answer(prompts, params):
 class SlowCore(StandInCore):
     """Answers `per_step` requests a step, `seconds` per step, and remembers which requests each step held."""
 
-    def __init__(self, per_step: int, seconds: float = 0.0, fail_at_step: int | None = None):
-        super().__init__(answer, per_step)
+    def __init__(self, per_step: int, seconds: float = 0.0, fail_at_step: int | None = None,
+                 max_num_seqs: int | None = None):
+        super().__init__(answer, per_step, max_num_seqs)
         self.seconds, self.fail_at_step = seconds, fail_at_step
         self.steps: list[list[str]] = []
 
@@ -236,7 +237,7 @@ def test_a_batch_holding_an_urgent_output_is_handed_over_within_its_shorter_wait
     submission = stream.submit(prompts(0, 6), [None] * 6)
     started = time.monotonic()
     waits = []
-    for batch in submission.batches(1000, 60.0, urgent=lambda output: output.outputs[0].text == "out 1",
+    for batch in submission.batches(1000, 60.0, urgent=lambda index, output: output.outputs[0].text == "out 1",
                                     urgent_seconds=0.1):
         waits.append((sorted(index for index, _ in batch), time.monotonic() - started))
     stream.close()
@@ -244,3 +245,52 @@ def test_a_batch_holding_an_urgent_output_is_handed_over_within_its_shorter_wait
     first = waits[0]
     assert 1 in first[0] and first[1] < 5 and len(waits) >= 2
     assert sorted(i for indices, _ in waits for i in indices) == list(range(6))
+
+
+def test_spare_requests_enter_the_engine_only_while_it_has_room_or_once_promoted():
+    core = SlowCore(per_step=2, seconds=0.02, max_num_seqs=8)  # room for spares: fewer than 2 requests held
+    held_when_added: dict[str, int] = {}
+    add = core.add_request
+
+    def add_request(request_id, *args, **kwargs):
+        held_when_added[request_id] = len(core.pending)
+        return add(request_id, *args, **kwargs)
+
+    core.add_request = add_request
+    stream = EngineStream(core)
+    main = stream.submit(prompts(0, 6), [None] * 6)
+    spare = stream.submit(prompts(100, 1), [None], into=main, spare=True)
+    promoted = stream.submit(prompts(200, 1), [None], into=main, spare=True)
+    seen = []
+    for index, output in main:
+        seen.append(output.outputs[0].text)
+        if index == 0:
+            promoted.promote()  # into the engine now, though it holds 4 requests
+    assert sorted(seen) == sorted([f"out {i}" for i in range(6)] + ["out 100", "out 200"])
+    assert held_when_added[promoted.ids[0]] >= 2
+    assert held_when_added[spare.ids[0]] < 2  # only once the engine had room
+    stream.close()
+
+
+def test_withdrawn_requests_come_back_as_none_exactly_once_and_leave_the_engine():
+    core = SlowCore(per_step=1, seconds=0.02, max_num_seqs=64)
+    stream = EngineStream(core)
+    main = stream.submit(prompts(0, 3), [None] * 3)
+    early = stream.submit(prompts(100, 1), [None], into=main, spare=True)  # room: it runs at once
+    late = stream.submit(prompts(200, 4), [None] * 4, into=main)
+    got: dict[int, object] = {}
+    for index, output in main:
+        assert index not in got
+        got[index] = output
+        if index == 0:
+            late.withdraw()  # most of it still waiting in the engine
+        if index == 1:
+            early.withdraw()  # finished already, or not: either its output or None comes, once
+    assert sorted(got) == list(range(8)) and main.received == main.total == 8
+    late_outputs = [got[i] for i in range(4, 8)]
+    assert late_outputs.count(None) >= 2 and all(o is None or o.outputs[0].text.startswith("out 20")
+                                                   for o in late_outputs)
+    assert got[3] is None or got[3].outputs[0].text == "out 100"
+    assert set(core.aborted) >= {late.ids[i] for i, o in enumerate(late_outputs) if o is None}
+    assert not core.pending
+    stream.close()

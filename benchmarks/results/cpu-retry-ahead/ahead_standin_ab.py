@@ -1,0 +1,41 @@
+"""The job with retries on a stand-in engine that batches like vLLM, retry.ahead on against off.
+
+    STEP=0.01 CUT=15 MAXTOK=80 PREFECT_HOME=$PWD/.prefect BATCHGEN_CACHE=$PWD/.cache \
+        .venv/bin/python benchmarks/results/cpu-retry-ahead/ahead_standin_ab.py 10000 2
+
+The stand-in (benchmarks/standin.py: BatchingStandInEngine) holds at most 1,024 requests running, gives each one
+token per step of STEP seconds, so a request of max_tokens takes max_tokens steps, and cuts off CUT% of them (the
+others stop at 60% of their budget): a cut-off output's retries (grow x2 up to 320 tokens, 2 passes) are a chain
+of steps, as on a GPU. It says its max_num_seqs as vLLM's engine does, so spare requests (retry.ahead) enter while
+it holds fewer than 256. The flow runs with windows_in_flight 3, retry.ahead off and on, alternating; one JSON line
+per run: the wall time, the engine's steps, the tokens its steps made (dropped spares' included). An ad-hoc
+measurement kept with its figures (README.md), not a benchmark of the suite."""
+import sys, time, tempfile, shutil, json, os
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3]))
+from benchmarks import run as bench
+bench.set_environment()
+from prefect.testing.utilities import prefect_test_harness
+import benchmarks.standin as standin
+STEP, CUT = float(os.environ.get("STEP", "0.05")), int(os.environ.get("CUT", "15"))
+llm = standin.StandInLLM(standin.BatchingStandInEngine(STEP, CUT)); standin.install(llm)
+import flows.batch_generation as fb
+n, reps = int(sys.argv[1]), int(sys.argv[2])
+from pathlib import Path
+work = Path(tempfile.mkdtemp())
+job = bench.bench_job(bench.write_products(work / "p.csv", n), work / "out", int(os.environ.get("MAXTOK", "80"))).model_copy(update={"windows_in_flight": 3})
+job = job.model_copy(update={"retry": job.retry.model_copy(update={"max_passes": 2, "in_stream": True, "strategy": "grow", "growth_factor": 2, "max_tokens_cap": 320})})
+with prefect_test_harness(server_startup_timeout=120):
+    fb.batch_generation(bench.bench_job(bench.write_products(work / "w.csv", 8), work / "ow", 16))
+    for rep in range(reps):
+        for ahead in ((False, True) if rep % 2 == 0 else (True, False)):
+            run_job = job.model_copy(update={"retry": job.retry.model_copy(update={"ahead": ahead}),
+                                             "output": job.output.model_copy(update={"dir": str(work / f"out-{rep}-{ahead}")})})
+            engine = llm.llm_engine
+            steps0, tokens0 = engine.steps, engine.tokens
+            t = time.perf_counter()
+            m = fb.batch_generation(run_job)
+            wall = time.perf_counter() - t
+            print(json.dumps({"ahead": ahead, "wall": round(wall, 2), "after_last_output": round(t + wall - llm.llm_engine.last_output_at, 2),
+                              "engine_steps": engine.steps - steps0, "engine_tokens": engine.tokens - tokens0,
+                              "items": m.counts.items, "accepted": m.counts.accepted, "generate": round(m.timings_seconds["generate"], 2)}), flush=True)
+shutil.rmtree(work, ignore_errors=True)
