@@ -72,10 +72,11 @@ class ProcessStandInLLM:
     "tests.engines:ProcessStandInLLM": `per_step` requests answered every `seconds`, each output's text naming its
     prompt's first token id."""
 
-    def __init__(self, per_step: int = 2, seconds: float = 0.02, fail: bool = False, max_num_seqs: int | None = None):
+    def __init__(self, per_step: int = 2, seconds: float = 0.02, fail: bool = False, max_num_seqs: int | None = None,
+                 fits: int = 0):
         if fail:
             raise ValueError("no such model (stand-in)")
-        self.seconds = seconds
+        self.seconds, self.fits = seconds, fits  # outputs of a budget under `fits` are cut off ("length")
         self.llm_engine = StandInCore(self.answer, per_step, max_num_seqs)
         self.llm_engine.model_config = SimpleNamespace(max_model_len=2048, dtype="float32")
 
@@ -83,8 +84,9 @@ class ProcessStandInLLM:
         import time
 
         time.sleep(self.seconds)
-        return [SimpleNamespace(outputs=[completion(0, f"out {p['prompt_token_ids'][0]}", [7, 8], "stop")],
-                                prompt_logprobs=None) for p in prompts]
+        return [SimpleNamespace(outputs=[completion(0, f"out {p['prompt_token_ids'][0]}", [7, 8],
+                                                    "length" if getattr(q, "max_tokens", 0) < self.fits else "stop")],
+                                prompt_logprobs=None) for p, q in zip(prompts, params)]
 
     def generate(self, prompts: list[Any], params: Any, use_tqdm: bool = False) -> list[Any]:
         outputs = self.answer(prompts, [params] * len(prompts))

@@ -189,3 +189,34 @@ def test_spare_requests_are_withdrawn_and_promoted_across_the_socket():
         assert main.received == main.total == 6
     finally:
         slow.close()
+
+
+def test_retries_started_ahead_run_through_the_engine_process():
+    """run_requests with retry.ahead on an engine in a process of its own (as on every GPU): a retry's own retry
+    is sent as a spare, adopted or withdrawn across the socket, and the rows are those of the chain without it."""
+    from batchgen.generation import run_requests
+    from batchgen.job import RetrySpec, SamplingSpec
+    from batchgen.records import GenRequest
+    from batchgen.retry import stream_retry
+
+    requests = [GenRequest(item_id=f"p{i}", prompt=f"p{i}", prompt_token_ids=[1000 + i, 7], max_tokens=4)
+                for i in range(6)]
+
+    def run(ahead: bool):
+        engine = start(per_step=2, seconds=0.01, max_num_seqs=16, fits=16)  # 4 and 8 cut off, 16 fits
+        try:
+            ran = run_requests(lambda: engine, requests, SamplingSpec(max_tokens=4), "stand-in", commit_every=1,
+                               follow_up=stream_retry(RetrySpec(max_passes=3, ahead=ahead), 2048))
+            return ran, engine.run(aborted_requests)
+        finally:
+            engine.close()
+
+    plain, _ = run(ahead=False)
+    ran, aborted = run(ahead=True)
+    chain = sorted((r.item_id, r.attempt, r.max_tokens, r.finish_reason, r.request_key) for r in ran.rows)
+    assert chain == sorted((r.item_id, r.attempt, r.max_tokens, r.finish_reason, r.request_key) for r in plain.rows)
+    assert sorted((r.item_id, r.attempt, r.max_tokens) for r in ran.rows) == sorted(
+        (f"p{i}", a, b) for i in range(6) for a, b in ((1, 4), (2, 8), (3, 16)))
+    assert ran.spares_kept == 6  # each 16 was started beside its 8
+    assert ran.spares_dropped == 6  # and each 32 beside its 16, not needed
+    assert (plain.spares_kept, plain.spares_dropped) == (0, 0)
