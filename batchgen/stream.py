@@ -86,17 +86,23 @@ class Submission:
 
     def batches(self, max_items: int, max_seconds: float, urgent: Callable[[int, Any], bool] | None = None,
                 urgent_seconds: float = 0.0) -> Iterator[list[tuple[int, Any]]]:
-        """Finished outputs in batches: whatever is there after `max_seconds`, or `max_items`, whichever first; a
-        batch holding an output for which `urgent(index, output)` is true waits at most `urgent_seconds` more (an
-        output whose follow-up request waits for its batch)."""
+        """Finished outputs in batches of at most `max_items`; an output waits at most `max_seconds` for others to
+        join its batch, or `urgent_seconds` once the batch holds one for which `urgent(index, output)` is true (an
+        output whose follow-up request waits for its batch). While nothing is waiting to be handed over, the reader
+        sleeps until the next output: an idle reader does not wake up (in the engine's process every submission has
+        one, and readers woken every few milliseconds take the interpreter from the engine's loop)."""
         batch: list[tuple[int, Any]] = []
-        deadline = time.monotonic() + max_seconds
+        deadline = 0.0
         while self.received < self.total:
-            timeout = deadline - time.monotonic()
-            try:
-                got = self._outputs.get(timeout=max(timeout, 0.0)) if timeout > 0 else self._outputs.get_nowait()
-            except queue.Empty:
-                got = None
+            if not batch:
+                got = self._outputs.get()
+                deadline = time.monotonic() + max_seconds
+            else:
+                timeout = deadline - time.monotonic()
+                try:
+                    got = self._outputs.get(timeout=timeout) if timeout > 0 else self._outputs.get_nowait()
+                except queue.Empty:
+                    got = None
             if isinstance(got, BaseException):
                 raise StreamError(f"the engine failed: {type(got).__name__}: {got}") from got
             if got is not None:
@@ -107,9 +113,6 @@ class Submission:
             if batch and (len(batch) >= max_items or time.monotonic() >= deadline or self.received == self.total):
                 yield batch
                 batch = []
-                deadline = time.monotonic() + max_seconds
-            elif got is None:
-                deadline = time.monotonic() + max_seconds
         if batch:
             yield batch
 

@@ -294,3 +294,31 @@ def test_withdrawn_requests_come_back_as_none_exactly_once_and_leave_the_engine(
     assert set(core.aborted) >= {late.ids[i] for i, o in enumerate(late_outputs) if o is None}
     assert not core.pending
     stream.close()
+
+
+def test_an_idle_reader_sleeps_until_the_next_output():
+    """A reader with nothing to hand over waits for the next output instead of waking every max_seconds: in the
+    engine's process each submission has a reader, and readers woken every few ms take the interpreter from the
+    engine's own loop."""
+    core = SlowCore(per_step=1, seconds=0.3)  # an output every 0.3 s
+    stream = EngineStream(core)
+    submission = stream.submit(prompts(0, 2), [None] * 2)
+    real, asked = submission._outputs, []
+
+    class Counting:  # the submission's queue, counting the reader's waits
+        def get(self, *args, **kwargs):
+            asked.append(kwargs.get("timeout"))
+            return real.get(*args, **kwargs)
+
+        def get_nowait(self):
+            asked.append(0)
+            return real.get_nowait()
+
+        def put(self, item):
+            real.put(item)
+
+    submission._outputs = Counting()
+    batches = list(submission.batches(10, 0.01))
+    assert sorted(index for batch in batches for index, _ in batch) == [0, 1]
+    assert len(asked) <= 6  # about 0.6 s of waiting: a reader waking every 10 ms would have asked ~60 times
+    stream.close()
