@@ -193,8 +193,8 @@ class EngineStream:
         LoRARequest or None each, and one vLLM priority each: lower runs first, on an engine built with
         scheduling_policy "priority"); returns at once. `into`: add them to that submission (Submission.join),
         from the thread that reads it. `spare`: the requests may turn out not to be needed (Submission.withdraw):
-        they enter the engine only while it holds fewer than SPARE_SHARE of its max_num_seqs (when it does not
-        say, while it holds nothing), or once promoted (Submission.promote)."""
+        they enter the engine only while it holds fewer than SPARE_SHARE of its max_num_seqs (an engine that does
+        not say how many it runs: never), or once promoted (Submission.promote)."""
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling parameters")
         submission = Submission(self, prompts, params, f"bg{next(self._tags)}")
@@ -271,7 +271,9 @@ class EngineStream:
     def _loop(self) -> None:
         engine = self.engine
         while True:
-            busy = bool(self._adding) or bool(self._spare) or engine.has_unfinished_requests()
+            # spares waiting for room keep the loop going only where room can come (a known max_num_seqs)
+            busy = bool(self._adding) or (bool(self._spare) and self.capacity is not None) \
+                or engine.has_unfinished_requests()
             if not busy and self._deferred:
                 for message in self._deferred:
                     self._run_call(message)
@@ -325,9 +327,9 @@ class EngineStream:
 
     def _add_some(self) -> None:
         budget = self.add_per_step
-        if self._spare and not self._adding:  # spare requests while there is room, after every other one
+        if self._spare and not self._adding and self.capacity is not None:  # spares while there is room
             held = self.engine.get_num_unfinished_requests()
-            room = (1 if self.capacity is None else max(int(self.capacity * SPARE_SHARE), 1)) - held
+            room = max(int(self.capacity * SPARE_SHARE), 1) - held
             while self._spare and room > 0:
                 spare = self._spare.pop(0)
                 self._adding.append((spare, 0))

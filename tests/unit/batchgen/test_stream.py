@@ -322,3 +322,20 @@ def test_an_idle_reader_sleeps_until_the_next_output():
     assert sorted(index for batch in batches for index, _ in batch) == [0, 1]
     assert len(asked) <= 6  # about 0.6 s of waiting: a reader waking every 10 ms would have asked ~60 times
     stream.close()
+
+
+def test_an_engine_that_does_not_say_how_many_it_runs_gets_spares_only_once_promoted():
+    core = SlowCore(per_step=4, seconds=0.01)  # no max_num_seqs: room cannot be told
+    stream = EngineStream(core)
+    main = stream.submit(prompts(0, 2), [None] * 2)
+    dropped = stream.submit(prompts(100, 1), [None], into=main, spare=True)
+    kept = stream.submit(prompts(200, 1), [None], into=main, spare=True)
+    outputs = iter(main)
+    assert sorted(index for index, _ in (next(outputs), next(outputs))) == [0, 1]
+    time.sleep(0.1)  # the engine idle, the spares still out of it
+    assert not [request for step in core.steps for request in step if request.startswith(("bg1", "bg2"))]
+    kept.promote()
+    dropped.withdraw()
+    rest = dict(next(outputs) for _ in range(2))
+    assert rest[2] is None and rest[3].outputs[0].text == "out 200"
+    stream.close()
