@@ -18,8 +18,8 @@ a retry pass would make; the passes after validation then retry only the other f
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import pandas as pd
 
