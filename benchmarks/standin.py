@@ -236,3 +236,27 @@ def install(llm: StandInLLM) -> SimpleNamespace:
 
     tasks.generate.get_engine = get_engine
     return engine
+
+
+def batching_retry_bench(default_max_tokens: int) -> tuple[StandInLLM, Any, Any, int]:
+    """The set-up of the ad-hoc measurements of retry chains (benchmarks/results/cpu-window-threads/,
+    cpu-retry-ahead/), called by their scripts before they import the flow: a BatchingStandInEngine installed (its
+    step STEP seconds and CUT% cut off, from the environment), and the benchmark's job over argv[1] items at MAXTOK
+    tokens (default `default_max_tokens`) with windows in flight 3 and the example job's retries (grow x2 up to
+    320 tokens, 2 passes, in the stream). Returns (the stand-in, the job, a fresh work folder, argv[2] repeats)."""
+    import os
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from benchmarks import run as bench
+
+    llm = StandInLLM(BatchingStandInEngine(float(os.environ.get("STEP", "0.05")), int(os.environ.get("CUT", "15"))))
+    install(llm)
+    items, repeats = int(sys.argv[1]), int(sys.argv[2])
+    work = Path(tempfile.mkdtemp())
+    job = bench.bench_job(bench.write_products(work / "p.csv", items), work / "out",
+                          int(os.environ.get("MAXTOK", str(default_max_tokens))))
+    retry = job.retry.model_copy(update={"max_passes": 2, "in_stream": True, "strategy": "grow", "growth_factor": 2,
+                                         "max_tokens_cap": 320})
+    return llm, job.model_copy(update={"windows_in_flight": 3, "retry": retry}), work, repeats

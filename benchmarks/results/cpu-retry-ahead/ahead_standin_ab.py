@@ -10,20 +10,14 @@ of steps, as on a GPU. It says its max_num_seqs as vLLM's engine does, so spare 
 it holds fewer than 256. The flow runs with windows_in_flight 3, retry.ahead off and on, alternating; one JSON line
 per run: the wall time, the engine's steps, the tokens its steps made (dropped spares' included). An ad-hoc
 measurement kept with its figures (README.md), not a benchmark of the suite."""
-import sys, time, tempfile, shutil, json, os
+import sys, time, shutil, json
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3]))
 from benchmarks import run as bench
 bench.set_environment()
 from prefect.testing.utilities import prefect_test_harness
 import benchmarks.standin as standin
-STEP, CUT = float(os.environ.get("STEP", "0.05")), int(os.environ.get("CUT", "15"))
-llm = standin.StandInLLM(standin.BatchingStandInEngine(STEP, CUT)); standin.install(llm)
+llm, job, work, reps = standin.batching_retry_bench(80)
 import flows.batch_generation as fb
-n, reps = int(sys.argv[1]), int(sys.argv[2])
-from pathlib import Path
-work = Path(tempfile.mkdtemp())
-job = bench.bench_job(bench.write_products(work / "p.csv", n), work / "out", int(os.environ.get("MAXTOK", "80"))).model_copy(update={"windows_in_flight": 3})
-job = job.model_copy(update={"retry": job.retry.model_copy(update={"max_passes": 2, "in_stream": True, "strategy": "grow", "growth_factor": 2, "max_tokens_cap": 320})})
 with prefect_test_harness(server_startup_timeout=120):
     fb.batch_generation(bench.bench_job(bench.write_products(work / "w.csv", 8), work / "ow", 16))
     for rep in range(reps):

@@ -8,20 +8,14 @@ token per step of STEP seconds, so a request of max_tokens takes max_tokens step
 others stop at 60% of their budget): a cut-off output's retries (grow x2, 2 passes) are a chain of steps, as on a
 GPU. The flow runs with windows_in_flight 3 and its window threads set to 2 or 8 per place, alternating; one JSON
 line per run. An ad-hoc measurement kept with its figures (README.md), not a benchmark of the suite."""
-import sys, time, tempfile, shutil, json, os
+import sys, time, shutil, json
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3]))
 from benchmarks import run as bench
 bench.set_environment()
 from prefect.testing.utilities import prefect_test_harness
 import benchmarks.standin as standin
-STEP, CUT = float(os.environ.get("STEP", "0.05")), int(os.environ.get("CUT", "15"))
-llm = standin.StandInLLM(standin.BatchingStandInEngine(STEP, CUT)); standin.install(llm)
+llm, job, work, reps = standin.batching_retry_bench(16)
 import flows.batch_generation as fb
-n, reps = int(sys.argv[1]), int(sys.argv[2])
-from pathlib import Path
-work = Path(tempfile.mkdtemp())
-job = bench.bench_job(bench.write_products(work / "p.csv", n), work / "out", int(os.environ.get("MAXTOK", "16"))).model_copy(update={"windows_in_flight": 3})
-job = job.model_copy(update={"retry": job.retry.model_copy(update={"max_passes": 2, "in_stream": True, "strategy": "grow", "growth_factor": 2, "max_tokens_cap": 320})})
 orig_ip = fb.in_parallel
 with prefect_test_harness(server_startup_timeout=120):
     fb.batch_generation(bench.bench_job(bench.write_products(work / "w.csv", 8), work / "ow", 16))
