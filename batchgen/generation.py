@@ -350,7 +350,7 @@ def run_requests(
     on_commit: Callable[[list[Attempt], int, int], None] | None = None,
     adapters: dict[str, str] | None = None,
     follow_up: Callable[[Attempt], GenRequest | None] | None = None,
-    on_requests_done: Callable[[], None] | None = None,
+    on_requests_done: Callable[[list[Attempt]], None] | None = None,
 ) -> Ran:
     """Generate every request not already in `done` (keyed by request_key); return all rows and the reuse count.
 
@@ -369,8 +369,9 @@ def run_requests(
     are committed, so they run while the engine is still full; those of reused attempts are looked up in `done`
     first, as a rerun after a crash finds them there. With `follow_up.ahead` (retry.ahead), each follow-up's own
     follow-up is started beside it as a spare request (Spares), committed only after it and only if it is needed.
-    `on_requests_done()` is called once every one of `requests` has its output committed (what is left, if
-    anything, is follow-ups).
+    `on_requests_done(rows)` is called once every one of `requests` has its output committed (what is left, if
+    anything, is follow-ups), with the rows so far: every attempt of `requests`, and the follow-ups' that came
+    before.
     """
     from batchgen.adapters import lora_request
 
@@ -408,7 +409,7 @@ def run_requests(
         on_commit([], finished, total)
     first_left = n_first  # `requests` still waiting for their output: pending[:n_first]
     if not first_left and on_requests_done is not None:
-        on_requests_done()
+        on_requests_done(list(rows))
     if not pending:
         return Ran(rows, reused, follow_ups=total - len(requests))
     engine = engine_factory()
@@ -421,7 +422,7 @@ def run_requests(
             if on_commit is not None:
                 on_commit(new_rows, finished, total)
         if on_requests_done is not None:
-            on_requests_done()
+            on_requests_done(list(rows))
         return Ran(rows, reused, started, time.perf_counter(), total - len(requests))
 
     keep = sampling.logprobs is not None
@@ -484,7 +485,7 @@ def run_requests(
         if first_left:
             first_left -= sum(index < n_first for index, _ in ready)
             if not first_left and on_requests_done is not None:
-                on_requests_done()
+                on_requests_done(list(rows))
         return adopted
 
     try:

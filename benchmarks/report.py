@@ -270,22 +270,26 @@ def render_markdown(result: dict[str, Any]) -> str:
                       "retry passes after each window's validation (`retry.in_stream: false`), with "
                       "`retry.strategy: continue` in the stream, and in the stream but behind the first attempts "
                       "still waiting (`in_stream_first_come`: every request at priority 0, as under vLLM's default "
-                      "policy). "
+                      "policy); `in_stream_no_ahead`: in the stream with `retry.ahead: false`; a name ending in "
+                      "`_2`: that way run again. "
                       + ("Each is compared with a raw call of its own, made right before or after it. "
                          if with_retries.get("raw_first_pass_order") else "")
                       + "Engine full: the share of the engine's stepping time it held at least max_num_seqs "
                       "requests.", "",
                       "| retries | job s | raw first pass s | raw / job | output tokens (raw's first pass) "
-                      "| retry attempts | accepted | rejected | engine full |",
-                      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                      "| retry attempts | accepted | rejected | engine steps | engine busy s | engine full "
+                      "| after the last output s |",
+                      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
             for name, v in variants.items():
                 feed = v.get("engine_feed") or {}
                 full = f"{100 * feed['full_share']:.0f}%" if feed.get("full_share") is not None else "n/a"
+                after = (v.get("around_engine") or {}).get("after_last_output")
                 lines.append(
                     f"| {name} | {_num(v['job_wall_seconds'])} | {_num(v['raw_first_pass_seconds'])} "
                     f"| {_num(v['ratio_job_with_retries_vs_raw_first_pass'], 3)} | {v['output_tokens']:,} "
                     f"({v.get('raw_first_pass_output_tokens') or 0:,}) | {v['retry_attempts']} | {v['accepted']:,} "
-                    f"| {v['rejected']:,} | {full} |")
+                    f"| {v['rejected']:,} | {feed.get('steps', 'n/a')} | {_num(feed.get('busy_seconds'))} | {full} "
+                    f"| {_num(after, 2)} |")
             lines.append("")
 
     retry = result.get("retry_strategies")

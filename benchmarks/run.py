@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -138,8 +139,9 @@ def parse_args(argv: list[str] | None) -> Config:
                              "job's retry passes on, and compare the whole job with raw vLLM's first pass alone "
                              "(ratio_job_with_retries_vs_raw_first_pass)")
     parser.add_argument("--retry-variants", nargs="+", choices=list(RETRY_VARIANTS), default=list(RETRY_VARIANTS),
-                        help="with --with-retries: the ways of retrying to run (default: all; in_stream, the example "
-                             "job's own, always runs first and gives the headline ratio)")
+                        help="with --with-retries: the ways of retrying to run, in this order (default: all; "
+                             "in_stream, the example job's own, runs first if not named first, and gives the "
+                             "headline ratio); a way named again runs again (reported as NAME_2, ...)")
     parser.add_argument("--front-end", choices=("auto", "process", "here"), default="auto",
                         help="where vLLM's front end and the engine stream run, for every method (engine."
                              "front_end_process): auto (a process of its own on GPUs, the run's process on CPU "
@@ -180,7 +182,8 @@ def parse_args(argv: list[str] | None) -> Config:
                     memory_max_tokens=base["memory_max_tokens"],
                     pipeline_sizes=_int_list(args.pipeline_sizes) if args.pipeline_sizes else [],
                     with_retries=args.with_retries, repeats=args.repeats, beside_pipeline=args.beside_pipeline,
-                    retry_variants=["in_stream"] + [v for v in args.retry_variants if v != "in_stream"])
+                    retry_variants=args.retry_variants if args.retry_variants[:1] == ["in_stream"] else
+                    ["in_stream"] + args.retry_variants)
     if min(config.max_tokens_list) < 1:
         parser.error("--max-tokens must be at least 1")
     if args.front_end != "auto":
@@ -707,13 +710,16 @@ def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_token
 
     example = yaml.safe_load(JOB_FILE.read_text(encoding="utf-8"))["retry"]
     variants: dict[str, Any] = {}
+    runs: Counter[str] = Counter()
     for index, name in enumerate(cfg.retry_variants or list(RETRY_VARIANTS)):
         retry = {**example, **RETRY_VARIANTS[name]}
+        runs[name] += 1
+        key = name if runs[name] == 1 else f"{name}_{runs[name]}"  # a way named again: its runs side by side
         raw_first = index % 2 == 0  # ABBA, as the pairs
 
         def raw_call() -> dict[str, Any]:
             cold_prefix_cache(engine)
-            log(f"(b) raw vLLM, one call on {n} prompts, max_tokens {max_tokens}, beside the job ({name})")
+            log(f"(b) raw vLLM, one call on {n} prompts, max_tokens {max_tokens}, beside the job ({key})")
             return run_raw_now()
 
         if raw_first:
@@ -721,15 +727,15 @@ def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_token
         log(f"(a') the flow on {n} items, max_tokens {max_tokens}, with retries {retry}")
         cold_prefix_cache(engine)
         with retries_first_come(name in FIRST_COME):
-            run = run_flow(bench_job(products, cfg.work / f"out-{n}-{max_tokens}-retries-{name}", max_tokens,
+            run = run_flow(bench_job(products, cfg.work / f"out-{n}-{max_tokens}-retries-{key}", max_tokens,
                                      retry=retry), memory)
         if not raw_first:
             raw = raw_call()
         counts, flow = run["manifest"]["counts"], run["flow"]
         ratio_job = ratio(raw["wall_seconds"], flow["wall_seconds"])
-        log(f"with retries ({name}): job {flow['wall_seconds']} s against raw first pass {raw['wall_seconds']} s "
+        log(f"with retries ({key}): job {flow['wall_seconds']} s against raw first pass {raw['wall_seconds']} s "
             f"(raw/job {ratio_job}); {counts.get('retry_attempts')} retry attempts")
-        variants[name] = {
+        variants[key] = {
             "retry": retry, "job_wall_seconds": flow["wall_seconds"], "raw_first_pass_seconds": raw["wall_seconds"],
             "raw_first_pass_order": "raw, then the job" if raw_first else "the job, then raw",
             "raw_pairs_median_seconds": raw_median_seconds,
@@ -741,7 +747,9 @@ def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_token
             "accepted": counts["accepted"], "rejected": counts["rejected"],
             "rejected_by_reason": counts["rejected_by_reason"],
             "generate_seconds": run["manifest"]["timings_seconds"]["generate"],
-            "engine_feed": rounded(run["engine_feed"])}
+            "engine_feed": rounded(run["engine_feed"]),
+            # the fixed cost around the engine's span (with retries: after the last chain's last output)
+            "around_engine": run["around_engine"]}
     return {**variants["in_stream"], "variants": variants}
 
 

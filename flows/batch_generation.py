@@ -28,7 +28,7 @@ from batchgen.heartbeat import heartbeats, quick_heartbeat
 from batchgen.items import LoadedItems
 from batchgen.job import JobSpec
 from batchgen.progress import job_progress
-from batchgen.records import Manifest, Window
+from batchgen.records import Attempt, Manifest, Window, columns_of
 from batchgen.resolve import resolve_job
 from batchgen.schema import frame_input_codec
 from tasks.check import check_job_task
@@ -152,18 +152,19 @@ def run_window(spec: JobSpec, window: Window, publication: Any, turns: FirstProm
                feeding: FeedingWindows | None = None) -> None:
     """Prompts, the first pass (cut-off outputs retried in its stream when retry.in_stream), validation and retry
     passes of one window of items, staged into the publication."""
-    with feeding.slot(window.index) if feeding is not None else nullcontext(lambda: None) as first_pass_done:
+    with feeding.slot(window.index) if feeding is not None else nullcontext(lambda: None) as release:
         with turns.turn(window.index) if turns is not None else nullcontext():
             prompts = build_prompts_task(spec, window)
         # quote(): Prefect would otherwise walk every request and token id to track task inputs (seconds per
         # window).
         requests = first_pass_requests(prompts.built.prompts, spec.sampling)
+        first_pass = FirstPassValidation(spec, window, release)
         generated = [generate_task(spec, quote(requests), window.label, prompts.max_model_len,
-                                   quote(first_pass_done))]
+                                   quote(first_pass.requests_done))]
     if window.index == 1:
         preload_publish()  # the engine has had its first requests: the report gets ready meanwhile
     validated: list[Validated] = []
-    validate_attempts(spec, window, generated[-1].rows, validated)
+    validate_attempts(spec, window, generated[-1].rows, validated, first_pass.result())
     for _ in range(spec.retry.max_passes):
         label = f"{window.label}-retry{len(validated)}"
         requests = plan_retry_task(spec, quote([v.rows for v in validated]), prompts.max_model_len, label)
@@ -174,12 +175,64 @@ def run_window(spec: JobSpec, window: Window, publication: Any, turns: FirstProm
     stage_window_task(spec, quote(publication), window, prompts, [g.stats for g in generated], quote(validated))
 
 
-def validate_attempts(spec: JobSpec, window: Window, rows: pd.DataFrame, validated: list[Validated]) -> None:
+class FirstPassValidation:
+    """A window's first pass validated as soon as each of its requests has its output, in a thread of its own,
+    while the window's cut-off outputs are still being retried in the engine's stream. On a GPU the retry chains of
+    the last windows end with the engine's work: the first passes' validation (GX on every item of those windows)
+    then no longer waits for them, and what is left after the engine's last output is the retries' own few rows.
+    The validation is a task of the flow run, as the window's others."""
+
+    def __init__(self, spec: JobSpec, window: Window, release: Callable[[], None]):
+        self.spec, self.window, self.release = spec, window, release
+        self._context = copy_context()  # the flow run's (the window's thread), entered by the validation's thread
+        self._thread: threading.Thread | None = None
+        self._validated: Validated | None = None
+        self._error: BaseException | None = None
+
+    def requests_done(self, rows: list[Attempt]) -> None:
+        """generate_task's requests_done: the window's slot in the engine goes to the next window, and the first
+        pass's attempts (the lowest attempt number among `rows`) are validated in the background. Said once
+        more by a generate task that Prefect retried: the same attempts, validated once."""
+        self.release()
+        if self._thread is None and rows:
+            self._thread = threading.Thread(target=self._context.run, args=(self._validate, rows), daemon=True,
+                                            name=f"batchgen-validate-{self.window.label}")
+            self._thread.start()
+
+    def _validate(self, rows: list[Attempt]) -> None:
+        try:
+            frame = pd.DataFrame(columns_of(rows, Attempt))
+            first = frame[frame["attempt"] == frame["attempt"].min()]
+            self._validated = validate_task(self.spec, quote(first), self.window.keywords(self.spec),
+                                            self.window.label)
+        except BaseException as exc:  # noqa: BLE001  (raised in the window's thread by result())
+            self._error = exc
+
+    def result(self) -> Validated | None:
+        """The first pass's validation once it has ended (None if it never started: no attempts); its error, if
+        it failed."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._validated
+
+
+def validate_attempts(spec: JobSpec, window: Window, rows: pd.DataFrame, validated: list[Validated],
+                      first: Validated | None = None) -> None:
     """Validate a generate task's attempts, one validation per attempt number (a pass each in the report: the
-    first pass, then each retry, also those made in the stream), appended to `validated`."""
+    first pass, then each retry, also those made in the stream), appended to `validated`. `first`: the first
+    attempt number's validation, already made (FirstPassValidation)."""
     groups = [rows] if rows.empty else [group for _, group in rows.groupby("attempt", sort=True)]
     for group in groups:
         label = window.label if not validated else f"{window.label}-retry{len(validated)}"
+        if first is not None and not validated:
+            if len(first.rows) != len(group):  # the first pass's attempts were all there when it was validated
+                raise RuntimeError(f"window {window.label}: the first pass was validated on {len(first.rows)} "
+                                   f"attempts, the generate task returned {len(group)}")
+            validated.append(first)
+            continue
         validated.append(validate_task(spec, quote(group), window.keywords(spec), label))
 
 

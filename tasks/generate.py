@@ -95,11 +95,12 @@ class Progress:
 # engine worker died) builds a fresh engine and resumes from the last commit.
 @task(name="generate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, task_run_name="generate-{label}")
 def generate_task(job: JobSpec, requests: list[GenRequest], label: str, max_model_len: int | None = None,
-                  requests_done: Callable[[], None] | None = None) -> Generated:
+                  requests_done: Callable[[list[Attempt]], None] | None = None) -> Generated:
     """Feed every pending request into the engine's stream; commit outputs as they finish; reuse earlier commits.
     With `max_model_len` (the engine's context, for the budgets), cut-off outputs are grown in the same stream
-    as they finish when the job says so (retry.in_stream). `requests_done()` is called once every request has its
-    output, before the task ends when retries are still running (the flow then feeds the engine its next window)."""
+    as they finish when the job says so (retry.in_stream). `requests_done(rows)` is called once every request has its
+    output, before the task ends when retries are still running, with the attempts so far (the flow then feeds the
+    engine its next window and validates the first pass beside the retries)."""
     started = time.perf_counter()
     store = store_for(job)
     args = planned_engine_args(job.engine)

@@ -23,7 +23,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--repeats", "2", "--beside-pipeline",
                            "40", "--with-retries", "--retry-variants", "in_stream", "continue_in_stream",
-                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+                           "in_stream", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
     result = json.loads((out / "latest.json").read_text(encoding="utf-8"))
@@ -65,9 +65,12 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     # the job with retries, each variant against a raw call of its own made right beside it (raw first, then the job
     # first), not against the pairs' raw calls made minutes before: the host's pace drifts
     jobs = result["sizes"]["8"]["with_retries"]["variants"]
-    assert list(jobs) == ["in_stream", "continue_in_stream"]
-    assert [v["raw_first_pass_order"] for v in jobs.values()] == ["raw, then the job", "the job, then raw"]
+    assert list(jobs) == ["in_stream", "continue_in_stream", "in_stream_2"]  # a way named again runs again
+    assert [v["raw_first_pass_order"] for v in jobs.values()] == ["raw, then the job", "the job, then raw",
+                                                                  "raw, then the job"]
     for v in jobs.values():
+        assert v["around_engine"]["after_last_output"] > 0  # each generated anew (its own output folder)
+        assert v["engine_feed"]["steps"] > 0
         assert v["ratio_job_with_retries_vs_raw_first_pass"] == pytest.approx(
             v["raw_first_pass_seconds"] / v["job_wall_seconds"], rel=2e-3)
         assert v["raw_pairs_median_seconds"] == pytest.approx(statistics.median(p["raw_wall_seconds"] for p in pairs))
@@ -77,6 +80,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     assert "Repeats: 2 pairs" in table and "| 2 |" in table and "Raw vLLM beside the pipeline" in table
     assert "after its last output (the last windows' validation and staging" in table
     assert "made right beside the job (raw, then the job)" in table
+    assert "| in_stream_2 |" in table and "after the last output s" in table
     assert (out / "latest.png").read_bytes().startswith(b"\x89PNG")
 
 

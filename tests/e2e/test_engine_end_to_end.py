@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from pathlib import Path
@@ -22,6 +23,17 @@ pytestmark = pytest.mark.engine
 def stop_engines():
     yield
     batchgen.engine.shutdown_all()
+
+
+def task_runs(flow_run_id):
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+
+    return asyncio.run(read())
 
 
 def read_jsonl(path):
@@ -59,6 +71,12 @@ def test_small_budget_is_retried_and_every_item_is_published_once(tmp_path, pref
         previous = attempts[(attempts["attempt"] == attempt - 1) & (attempts["finish_reason"] == "length")]
         assert set(later["item_id"]) <= set(previous["item_id"])  # only cut-off items go back
     assert counts["truncated_final"] == rejected["reasons"].map(lambda r: "truncated" in r).sum()
+
+    # The first pass is validated as soon as every item has its first output, while its cut-off outputs are
+    # still retried in the engine's stream: its validate task ends before the generate task does.
+    runs = {run.name: run for run in task_runs(manifest["flow_run_id"])}
+    assert runs["validate-all"].end_time < runs["generate-all"].end_time
+    assert runs["validate-all-retry1"].start_time > runs["generate-all"].end_time
 
     # Accepted rows pass every expectation of the job; rejected rows say why.
     names = dict(zip(inputs["product_id"], inputs["name"]))

@@ -574,7 +574,7 @@ def test_requests_done_is_said_once_the_requests_have_their_outputs_while_their_
     llm = FitsAt(32, seconds=0.05)
     factory = Factory(llm)
     factory.engine = stand_in_engine(llm, per_step=2)
-    said: list[int] = []  # rows already read when requests_done was called
+    said: list[tuple[int, list]] = []  # (rows already read, rows handed over) when requests_done was called
     rows_read: list[int] = [0]
 
     def on_commit(new_rows, finished, total):
@@ -582,14 +582,19 @@ def test_requests_done_is_said_once_the_requests_have_their_outputs_while_their_
 
     ran = run_requests(factory, many_requests(4), SamplingSpec(max_tokens=4), MODEL, commit_every=1,
                        on_commit=on_commit, follow_up=grows(RetrySpec(max_passes=3, max_tokens_cap=64)),
-                       on_requests_done=lambda: said.append(rows_read[0]))
+                       on_requests_done=lambda rows: said.append((rows_read[0], rows)))
     assert len(ran.rows) == 16  # 4, 8, 16, 32 tokens each
-    assert len(said) == 1 and 4 <= said[0] < 16  # after the 4 first outputs, long before the last retry
+    assert len(said) == 1 and 4 <= said[0][0] < 16  # after the 4 first outputs, long before the last retry
+    handed = said[0][1]
+    assert len(handed) == said[0][0]  # the rows committed so far, every first attempt among them
+    assert sorted(r.item_id for r in handed if r.attempt == 1) == ["p0", "p1", "p2", "p3"]
+    assert [r for r in ran.rows if r.attempt == 1] == [r for r in handed if r.attempt == 1]
     said.clear()
     done = {row.request_key: [row] for row in ran.rows}
     run_requests(factory, many_requests(4), SamplingSpec(max_tokens=4), MODEL, commit_every=1, done=done,
-                 follow_up=grows(RetrySpec(max_passes=3, max_tokens_cap=64)), on_requests_done=lambda: said.append(0))
-    assert said == [0]  # all reused: said at once
+                 follow_up=grows(RetrySpec(max_passes=3, max_tokens_cap=64)),
+                 on_requests_done=lambda rows: said.append((0, rows)))
+    assert len(said) == 1 and len(said[0][1]) == 16  # all reused: said at once, with every reused attempt
 
 
 class FitsByItem(FakeLLM):

@@ -5,18 +5,26 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
+import flows.batch_generation
+from batchgen.records import Attempt, columns_of
 from flows.batch_generation import (
     RAMP,
     WINDOWS_HELD_PER_PLACE,
     FeedingWindows,
+    FirstPassValidation,
     FirstPromptsFirst,
     in_parallel,
     item_windows,
+    validate_attempts,
     window_workers,
 )
+from tasks.validate import Validated
+from tests.publications import generated
 
 
 def widths(bounds: list[tuple[int, int]]) -> list[int]:
@@ -172,3 +180,68 @@ def test_windows_in_their_retries_do_not_keep_the_next_ones_from_a_free_place():
     assert fed == list(range(1, windows + 1))
     assert time.monotonic() - started < 10  # no window waited for another's retries to end
     assert window_workers(1) == WINDOWS_HELD_PER_PLACE  # on CPU builds too: one place, its windows' retries beside
+
+
+class Validations:
+    """flows.batch_generation.validate_task stood in: records the attempts each call validated (pure logic here;
+    the flow's validation on the real engine: tests/e2e/test_engine_end_to_end.py)."""
+
+    def __init__(self, fail: bool = False):
+        self.calls: list[tuple[str, list[tuple[str, int]]]] = []
+        self.fail = fail
+
+    def __call__(self, spec, rows, keywords, label):
+        rows = getattr(rows, "unquote", lambda: rows)()
+        self.calls.append((label, list(zip(rows["item_id"], rows["attempt"]))))
+        if self.fail:
+            raise ValueError("the suite failed to run")
+        return Validated(rows=rows.assign(passed=True, failed=[[] for _ in range(len(rows))]), result={}, seconds=0.0)
+
+
+def window_rows(items: int, retried: int) -> list[Attempt]:
+    """First attempts of `items` items, then second attempts of the first `retried`."""
+    return ([row for i in range(items) for row in generated(f"i{i}", ["cut"], ["length"])]
+            + [row for i in range(retried) for row in generated(f"i{i}", ["a whole text"], attempt=2)])
+
+
+def test_the_first_pass_is_validated_once_in_the_background_and_its_retries_after_the_task(monkeypatch):
+    validations = Validations()
+    monkeypatch.setattr(flows.batch_generation, "validate_task", validations)
+    released: list[int] = []
+    window = SimpleNamespace(label="w3", keywords=lambda spec: None)
+    first_pass = FirstPassValidation(None, window, lambda: released.append(1))
+    rows = window_rows(4, 1)
+    first_pass.requests_done(rows[:5])  # the four first attempts and one retry that came before the last of them
+    first_pass.requests_done(rows[:5])  # a generate task retried by Prefect says it again
+    validated: list[Validated] = []
+    validate_attempts(None, window, pd.DataFrame(columns_of(rows, Attempt)), validated, first_pass.result())
+    assert released == [1, 1]  # the slot is given back (once is enough: FeedingWindows)
+    assert validations.calls == [("w3", [("i0", 1), ("i1", 1), ("i2", 1), ("i3", 1)]),  # once, the first pass only
+                                 ("w3-retry1", [("i0", 2)])]
+    assert [len(v.rows) for v in validated] == [4, 1]
+
+
+def test_a_window_without_attempts_validates_nothing_ahead():
+    window = SimpleNamespace(label="w1", keywords=lambda spec: None)
+    nothing = FirstPassValidation(None, window, lambda: None)
+    nothing.requests_done([])  # a window of rejected rows only: nothing to validate ahead
+    assert nothing.result() is None
+
+
+def test_a_first_pass_validation_that_failed_is_raised_in_the_window(monkeypatch):
+    monkeypatch.setattr(flows.batch_generation, "validate_task", Validations(fail=True))
+    window = SimpleNamespace(label="w1", keywords=lambda spec: None)
+    first_pass = FirstPassValidation(None, window, lambda: None)
+    first_pass.requests_done(window_rows(2, 0))
+    with pytest.raises(ValueError, match="the suite failed to run"):
+        first_pass.result()
+
+
+def test_a_first_pass_validated_on_other_attempts_than_the_task_returned_is_an_error(monkeypatch):
+    monkeypatch.setattr(flows.batch_generation, "validate_task", Validations())
+    window = SimpleNamespace(label="w2", keywords=lambda spec: None)
+    first_pass = FirstPassValidation(None, window, lambda: None)
+    first_pass.requests_done(window_rows(2, 0))
+    with pytest.raises(RuntimeError, match="validated on 2 attempts, the generate task returned 3"):
+        validate_attempts(None, window, pd.DataFrame(columns_of(window_rows(3, 0), Attempt)), [],
+                          first_pass.result())
