@@ -535,11 +535,12 @@ class RetrySpec(_Section):
         "same attempts either way; other failures are always retried in passes, after validation.",
     )
     ahead: bool = Field(
-        True,
+        False,
         description="With grow in the stream: a cut-off output's retry also starts the attempt after it (the one "
         "it gets if the retry is cut off too) while the engine has room, and drops it if the retry is not cut "
         "off. The same attempts and outputs; a chain of cut-offs at the end of a run takes its longest attempt's "
-        "time, not the sum of its attempts'.",
+        "time, not the sum of its attempts'. Off by default: on an H200 the whole job took longer with it "
+        "(docs/generation.md).",
     )
 
 

@@ -8,7 +8,8 @@
 #   STEPS="run big_model pipeline" bash benchmarks/gpu_session.sh   # the steps to run (default: run big_model)
 #   STEPS=paired16 ...; then STEPS=paired80, then STEPS=paired80_fcfs, each a call on the same machine
 #   RUN_EXTRA="--retry-variants in_stream continue_in_stream" ...   # more arguments for the `run` step
-#   RUN_EXTRA="--retry-variants in_stream in_stream_no_ahead" STEPS=paired80 ...  # also without retry.ahead
+#   RUN_EXTRA="--retry-variants in_stream in_stream_ahead in_stream_ahead in_stream" STEPS=paired80 ...
+#                                               # also with retry.ahead, each way twice, alternating
 #   BESIDE16=0 BESIDE80=0 STEP_CAP=580 ...  # paired16/paired80 without the raw-beside-pipeline run, a longer cap
 #
 # Steps, each under a time limit (its cap, or what is left of SESSION_SECONDS, default 540):

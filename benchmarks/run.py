@@ -674,7 +674,8 @@ def first_results(timings: dict[str, float], body_started: float, called_at: flo
 # The whole job with retries on: the example job's retry settings as they are (cut-off outputs retried in the
 # generate task's stream, each retry's own retry started ahead as a spare), then without the spares, then in retry
 # passes after validation, then `continue` in the stream.
-RETRY_VARIANTS = {"in_stream": {}, "in_stream_no_ahead": {"ahead": False}, "passes": {"in_stream": False},
+RETRY_VARIANTS = {"in_stream": {}, "in_stream_ahead": {"ahead": True}, "in_stream_no_ahead": {"ahead": False},
+                  "passes": {"in_stream": False},
                   "continue_in_stream": {"strategy": "continue"}, "in_stream_first_come": {}}
 # Variants whose retries join the engine's queue behind the first attempts still waiting (priority 0 for every
 # attempt, as under vLLM's default first-come-first-served policy) instead of ahead of them: the same engine, so

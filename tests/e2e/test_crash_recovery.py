@@ -212,12 +212,13 @@ def check_chains(attempts: pd.DataFrame, first_budget: int, max_passes: int) -> 
 
 
 def test_retries_started_ahead_publish_the_same_chains_and_survive_a_sigkill(tmp_path):
-    """retry.ahead (the default with grow): a retry's own retry starts beside it as a spare once the engine has
+    """retry.ahead (with grow): a retry's own retry starts beside it as a spare once the engine has
     room, kept only when the retry is cut off too. A full run uses spares and publishes consistent chains; a run
     SIGKILLed once a third attempt is committed loses nothing, and its rerun publishes every item once with each
     chain as it would be without spares. The engine's front end runs in a process of its own, as on every GPU:
     spares are promoted and withdrawn across its socket."""
-    job = product_job(tmp_path, ITEMS, sampling={"max_tokens": 4}, retry={"max_passes": 2, "growth_factor": 2},
+    job = product_job(tmp_path, ITEMS, sampling={"max_tokens": 4}, retry={"max_passes": 2, "growth_factor": 2,
+                                                                         "ahead": True},
                       chunk_size=1, commit_seconds=3600, engine={"max_num_seqs": 16, "front_end_process": True})
     ids = list(pd.read_csv(tmp_path / "products.csv", dtype=str)["product_id"])
     job["output"]["dir"] = str(tmp_path / "full")
