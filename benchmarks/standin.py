@@ -157,6 +157,51 @@ class BatchingStandInEngine(StandInEngine):
                     self.aborted += 1
 
 
+def calibrated_work(seconds: float) -> int:
+    """How many rounds of HoldingCore's step work (sum(range(100))) take `seconds` here, alone."""
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < 0.5:
+        sum(range(100))
+        count += 1
+    return max(1, int(count * seconds / 0.5))
+
+
+class HoldingCore:
+    """vLLM's LLMEngine surface for measuring the engine process's own loop (benchmarks/results/cpu-idle-readers/,
+    cpu-spare-traffic/): it holds every request it is given, and `held` of its own, and finishes none; each step
+    is `work` rounds of pure Python work (a fixed amount, not a fixed time: the interpreter lock may be taken
+    away), then `sleep` seconds with the lock released (a front end waiting for its engine core, as on a GPU).
+    Says `max_num_seqs` as vLLM's engine does when given. When each step started: `times` (perf_counter)."""
+
+    def __init__(self, work: int, sleep: float = 0.0, held: int = 0, max_num_seqs: int | None = None):
+        self.work, self.sleep = work, sleep
+        self.pending: set[str] = {f"held-{i}" for i in range(held)}
+        self.times: list[float] = []
+        self.model_config = SimpleNamespace(max_model_len=2048, dtype="float32")
+        if max_num_seqs is not None:
+            self.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs))
+
+    def add_request(self, request_id: str, prompt: Any, params: Any, **kwargs: Any) -> None:
+        self.pending.add(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.pending)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.pending)
+
+    def abort_request(self, request_ids: list[str], internal: bool = False) -> None:
+        self.pending.difference_update(request_ids)
+
+    def step(self) -> list[Any]:
+        self.times.append(time.perf_counter())
+        for _ in range(self.work):
+            sum(range(100))
+        if self.sleep:
+            time.sleep(self.sleep)
+        return []
+
+
 class StandInLLM:
     """vllm.LLM's surface used by the flow; holds nothing between calls. `engine`: its llm_engine (a StandInEngine
     unless given)."""

@@ -15,20 +15,10 @@ import queue
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 STEP_SECONDS = 0.002
-
-
-def _calibrated() -> int:
-    """How many sum(range(100)) take STEP_SECONDS here, alone."""
-    count, started = 0, time.perf_counter()
-    while time.perf_counter() - started < 0.5:
-        sum(range(100))
-        count += 1
-    return max(1, int(count * STEP_SECONDS / 0.5))
 
 
 WORK = int(os.environ.get("IDLE_READERS_WORK") or 0)  # set by the parent (calibrated once, the same for every run)
@@ -61,32 +51,6 @@ def polling_batches(self, max_items, max_seconds, urgent=None, urgent_seconds=0.
         yield batch
 
 
-class BusyCore:
-    """LLMEngine's surface: holds every request, never finishes one; each step is STEP_SECONDS of Python work."""
-
-    def __init__(self):
-        self.pending, self.aborted, self.times = [], [], []
-        self.model_config = SimpleNamespace(max_model_len=2048, dtype="float32")
-
-    def add_request(self, request_id, prompt, params, **kwargs):
-        self.pending.append(request_id)
-
-    def has_unfinished_requests(self):
-        return bool(self.pending)
-
-    def get_num_unfinished_requests(self):
-        return len(self.pending)
-
-    def abort_request(self, request_ids, internal=False):
-        self.pending = [r for r in self.pending if r not in set(request_ids)]
-
-    def step(self):
-        self.times.append(time.perf_counter())
-        for _ in range(WORK):  # a fixed amount of work (not a fixed time: the interpreter lock may be taken away)
-            sum(range(100))
-        return []
-
-
 def step_times(llm) -> list[float]:
     """For Engine.run (once the engine is idle): when each step started (perf_counter, the same clock here)."""
     return list(llm.llm_engine.times)
@@ -100,15 +64,18 @@ class BusyLLM:
             import batchgen.stream
 
             batchgen.stream.Submission.batches = polling_batches
-        self.llm_engine = BusyCore()
+        from benchmarks.standin import HoldingCore
+
+        self.llm_engine = HoldingCore(WORK)
 
 
 def measure(readers: int, polling: bool) -> dict:
     from batchgen.engine_process import ProcessEngine
     from batchgen.models import ModelRef
+    from benchmarks.standin import calibrated_work
 
     os.environ["POLLING_READERS"] = "1" if polling else "0"
-    os.environ.setdefault("IDLE_READERS_WORK", str(_calibrated()))
+    os.environ.setdefault("IDLE_READERS_WORK", str(calibrated_work(STEP_SECONDS)))
     here = str(Path(__file__).resolve().parent)  # the engine process imports this file as idle_readers_ab
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     engine = ProcessEngine(ModelRef(name="busy", path="/busy"), {}, {}, factory="idle_readers_ab:BusyLLM")

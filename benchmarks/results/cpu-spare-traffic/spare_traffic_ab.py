@@ -26,56 +26,24 @@ WORK = int(os.environ.get("SPARE_TRAFFIC_WORK") or 0)
 SLEEP = float(os.environ.get("SLEEP_MS") or 0) / 1000
 
 
-def _calibrated() -> int:
-    count, started = 0, time.perf_counter()
-    while time.perf_counter() - started < 0.5:
-        sum(range(100))
-        count += 1
-    return max(1, int(count * STEP_SECONDS / 0.5))
-
-
-class FullCore:
-    """LLMEngine's surface: says max_num_seqs 64, always holds at least 64 requests, finishes none."""
-
-    def __init__(self):
-        self.pending, self.times = {f"held-{i}" for i in range(64)}, []
-        self.model_config = SimpleNamespace(max_model_len=2048, dtype="float32")
-        self.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=64))
-        # at shutdown (the engine process stopping), the step times go to the file the run's process named
-        self.engine_core = SimpleNamespace(shutdown=lambda: Path(os.environ["STEP_TIMES"]).write_text(
-            json.dumps(self.times)))
-
-    def add_request(self, request_id, prompt, params, **kwargs):
-        self.pending.add(request_id)
-
-    def has_unfinished_requests(self):
-        return bool(self.pending)
-
-    def get_num_unfinished_requests(self):
-        return len(self.pending)
-
-    def abort_request(self, request_ids, internal=False):
-        self.pending.difference_update(request_ids)
-
-    def step(self):
-        self.times.append(time.perf_counter())
-        for _ in range(WORK):
-            sum(range(100))
-        if SLEEP:
-            time.sleep(SLEEP)
-        return []
-
-
 class FullLLM:
+    """The factory the engine process builds: an engine that says max_num_seqs 64 and always holds 64 requests."""
+
     def __init__(self):
-        self.llm_engine = FullCore()
+        from benchmarks.standin import HoldingCore
+
+        self.llm_engine = core = HoldingCore(WORK, SLEEP, held=64, max_num_seqs=64)
+        # at shutdown (the engine process stopping), the step times go to the file the run's process named
+        core.engine_core = SimpleNamespace(shutdown=lambda: Path(os.environ["STEP_TIMES"]).write_text(
+            json.dumps(core.times)))
 
 
 def measure(rate: int) -> dict:
     from batchgen.engine_process import ProcessEngine
     from batchgen.models import ModelRef
+    from benchmarks.standin import calibrated_work
 
-    os.environ.setdefault("SPARE_TRAFFIC_WORK", str(_calibrated()))
+    os.environ.setdefault("SPARE_TRAFFIC_WORK", str(calibrated_work(STEP_SECONDS)))
     times_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"spare-traffic-{os.getpid()}.json"
     os.environ["STEP_TIMES"] = str(times_file)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), str(TREE)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
