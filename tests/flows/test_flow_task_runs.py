@@ -29,8 +29,23 @@ def test_task_runs_are_named_by_window_and_pass(tmp_path, prefect_server, stand_
             return await client.read_task_runs(flow_run_filter=FlowRunFilter(
                 id=FlowRunFilterId(any_=[manifest.flow_run_id])))
 
+    async def artifacts():
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+        async with get_client() as client:
+            return await client.read_artifacts(artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[manifest.flow_run_id])))
+
     runs = asyncio.run(task_runs())
     assert all(run.state.is_completed() for run in runs)
+    # each validate and generate task's artifact belongs to its task run: an expectations table per validation,
+    # a progress per generate task, done
+    by_id = {run.id: run.name for run in runs}
+    made = asyncio.run(artifacts())
+    tables = sorted(by_id[a.task_run_id] for a in made if a.type == "table")
+    assert tables == sorted(run.name for run in runs if run.name.startswith("validate-"))
+    progress = sorted((by_id[a.task_run_id], float(a.data)) for a in made if a.type == "progress")
+    assert progress == sorted((run.name, 100.0) for run in runs if run.name.startswith("generate-"))
     names = sorted(run.name for run in runs)
     # two windows of 6; everything is cut off at 12 tokens, the first retry ends every output: in the stream of
     # the first generate task (in_stream), or in a retry pass after validation; then a plan finds nothing to retry
