@@ -270,9 +270,8 @@ def render_markdown(result: dict[str, Any]) -> str:
                       "retry passes after each window's validation (`retry.in_stream: false`), with "
                       "`retry.strategy: continue` in the stream, and in the stream but behind the first attempts "
                       "still waiting (`in_stream_first_come`: every request at priority 0, as under vLLM's default "
-                      "policy); `in_stream_ahead` and `in_stream_no_ahead`: in the stream with `retry.ahead` on and off (off "
-                      "is the default); a name ending in "
-                      "`_2`: that way run again. "
+                      "policy); `in_stream_ahead` and `in_stream_no_ahead`: in the stream with `retry.ahead` on "
+                      "and off (off is the default); a name ending in `_2`: that way run again. "
                       + ("Each is compared with a raw call of its own, made right before or after it. "
                          if with_retries.get("raw_first_pass_order") else "")
                       + "Engine full: the share of the engine's stepping time it held at least max_num_seqs "

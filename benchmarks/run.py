@@ -672,8 +672,9 @@ def first_results(timings: dict[str, float], body_started: float, called_at: flo
 
 
 # The whole job with retries on: the example job's retry settings as they are (cut-off outputs retried in the
-# generate task's stream, each retry's own retry started ahead as a spare), then without the spares, then in retry
-# passes after validation, then `continue` in the stream.
+# generate task's stream), then with each retry's own retry started ahead as a spare (retry.ahead), then without
+# it (the default since 2026-12-04, named for runs from before), then in retry passes after validation, then
+# `continue` in the stream.
 RETRY_VARIANTS = {"in_stream": {}, "in_stream_ahead": {"ahead": True}, "in_stream_no_ahead": {"ahead": False},
                   "passes": {"in_stream": False},
                   "continue_in_stream": {"strategy": "continue"}, "in_stream_first_come": {}}

@@ -21,6 +21,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -283,25 +284,49 @@ def install(llm: StandInLLM) -> SimpleNamespace:
     return engine
 
 
-def batching_retry_bench(default_max_tokens: int) -> tuple[StandInLLM, Any, Any, int]:
-    """The set-up of the ad-hoc measurements of retry chains (benchmarks/results/cpu-window-threads/,
-    cpu-retry-ahead/), called by their scripts before they import the flow: a BatchingStandInEngine installed (its
-    step STEP seconds and CUT% cut off, from the environment), and the benchmark's job over argv[1] items at MAXTOK
-    tokens (default `default_max_tokens`) with windows in flight 3 and the example job's retries (grow x2 up to
-    320 tokens, 2 passes, in the stream). Returns (the stand-in, the job, a fresh work folder, argv[2] repeats)."""
+def batching_standin() -> BatchingStandInEngine:
+    """The BatchingStandInEngine of the ad-hoc retry-chain measurements: its step STEP seconds (default 0.05) and
+    CUT% (default 15) cut off, from the environment."""
     import os
-    import sys
-    import tempfile
-    from pathlib import Path
+
+    return BatchingStandInEngine(float(os.environ.get("STEP", "0.05")), int(os.environ.get("CUT", "15")))
+
+
+def retry_bench_job(items: int, work: Any, default_max_tokens: int) -> Any:
+    """The benchmark's job over `items` products (written into the folder `work`) at MAXTOK tokens (default
+    `default_max_tokens`), with windows in flight 3 and the example job's retries (grow x2 up to 320 tokens, 2
+    passes, in the stream)."""
+    import os
 
     from benchmarks import run as bench
 
-    llm = StandInLLM(BatchingStandInEngine(float(os.environ.get("STEP", "0.05")), int(os.environ.get("CUT", "15"))))
-    install(llm)
-    items, repeats = int(sys.argv[1]), int(sys.argv[2])
-    work = Path(tempfile.mkdtemp())
     job = bench.bench_job(bench.write_products(work / "p.csv", items), work / "out",
                           int(os.environ.get("MAXTOK", str(default_max_tokens))))
     retry = job.retry.model_copy(update={"max_passes": 2, "in_stream": True, "strategy": "grow", "growth_factor": 2,
                                          "max_tokens_cap": 320})
-    return llm, job.model_copy(update={"windows_in_flight": 3, "retry": retry}), work, repeats
+    return job.model_copy(update={"windows_in_flight": 3, "retry": retry})
+
+
+def ahead_runs(job: Any, work: Any, repeats: int) -> Iterator[tuple[bool, Any]]:
+    """(retry.ahead, the job with it and an output folder of its own) for `repeats` rounds of ahead off and on,
+    alternating which goes first (cpu-retry-ahead/)."""
+    for rep in range(repeats):
+        for ahead in ((False, True) if rep % 2 == 0 else (True, False)):
+            yield ahead, job.model_copy(update={
+                "retry": job.retry.model_copy(update={"ahead": ahead}),
+                "output": job.output.model_copy(update={"dir": str(work / f"out-{rep}-{ahead}")})})
+
+
+def batching_retry_bench(default_max_tokens: int) -> tuple[StandInLLM, Any, Any, int]:
+    """The set-up of the ad-hoc measurements of retry chains (benchmarks/results/cpu-window-threads/,
+    cpu-retry-ahead/), called by their scripts before they import the flow: a BatchingStandInEngine installed
+    (`batching_standin`), and `retry_bench_job` over argv[1] items. Returns (the stand-in, the job, a fresh work
+    folder, argv[2] repeats)."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    llm = StandInLLM(batching_standin())
+    install(llm)
+    work = Path(tempfile.mkdtemp())
+    return llm, retry_bench_job(int(sys.argv[1]), work, default_max_tokens), work, int(sys.argv[2])

@@ -25,10 +25,12 @@ sys.path.insert(0, str(ROOT))
 
 
 class BatchingLLM:
+    """The factory the engine process builds: vllm.LLM's surface over benchmarks.standin.batching_standin()."""
+
     def __init__(self):
-        from benchmarks.standin import BatchingStandInEngine, StandInLLM
-        llm = StandInLLM(BatchingStandInEngine(float(os.environ.get("STEP", "0.03")), int(os.environ.get("CUT", "15"))))
-        self.llm_engine = llm.llm_engine
+        from benchmarks.standin import batching_standin
+
+        self.llm_engine = batching_standin()
         self.llm_engine.model_config = SimpleNamespace(max_model_len=2048, dtype="float32")
 
     def get_tokenizer(self):
@@ -38,9 +40,11 @@ class BatchingLLM:
 def main():
     from benchmarks import run as bench
     bench.set_environment()
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT)]
+                                               + [p for p in [os.environ.get("PYTHONPATH")] if p])
     from batchgen.engine_process import ProcessEngine
     from batchgen.models import resolve_model
+    from benchmarks.standin import ahead_runs, retry_bench_job
     model = resolve_model(None)
     engine = ProcessEngine(model, {}, {}, factory="ahead_process_ab:BatchingLLM")
     import batchgen.engine
@@ -49,29 +53,23 @@ def main():
     tasks.generate.get_engine = lambda spec: engine
     items, reps = int(sys.argv[1]), int(sys.argv[2])
     work = Path(tempfile.mkdtemp())
-    job = bench.bench_job(bench.write_products(work / "p.csv", items), work / "out", 80)
-    retry = job.retry.model_copy(update={"max_passes": 2, "in_stream": True, "strategy": "grow", "growth_factor": 2,
-                                         "max_tokens_cap": 320})
-    job = job.model_copy(update={"windows_in_flight": 3, "retry": retry})
+    job = retry_bench_job(items, work, 80)
     import flows.batch_generation as fb
     from prefect.testing.utilities import prefect_test_harness
     from batchgen.engine_process import stream_feed
     with prefect_test_harness(server_startup_timeout=120):
         fb.batch_generation(bench.bench_job(bench.write_products(work / "w.csv", 8), work / "ow", 16))
-        for rep in range(reps):
-            for ahead in ((False, True) if rep % 2 == 0 else (True, False)):
-                run_job = job.model_copy(update={"retry": job.retry.model_copy(update={"ahead": ahead}),
-                                                 "output": job.output.model_copy(update={"dir": str(work / f"o-{rep}-{ahead}")})})
-                f0 = engine.run(stream_feed)
-                t = time.perf_counter()
-                m = fb.batch_generation(run_job)
-                wall = time.perf_counter() - t
-                f1 = engine.run(stream_feed)
-                ts = m.timings_seconds
-                print(json.dumps({"ahead": ahead, "wall": round(wall, 2), "steps": f1["steps"] - f0["steps"],
-                                  "busy": round(f1["busy_seconds"] - f0["busy_seconds"], 2),
-                                  "after_last_output": round(ts["total_before_publish"] - ts["last_output"], 2),
-                                  "generate": round(ts["generate"], 2)}), flush=True)
+        for ahead, run_job in ahead_runs(job, work, reps):
+            f0 = engine.run(stream_feed)
+            t = time.perf_counter()
+            m = fb.batch_generation(run_job)
+            wall = time.perf_counter() - t
+            f1 = engine.run(stream_feed)
+            ts = m.timings_seconds
+            print(json.dumps({"ahead": ahead, "wall": round(wall, 2), "steps": f1["steps"] - f0["steps"],
+                              "busy": round(f1["busy_seconds"] - f0["busy_seconds"], 2),
+                              "after_last_output": round(ts["total_before_publish"] - ts["last_output"], 2),
+                              "generate": round(ts["generate"], 2)}), flush=True)
     engine.close()
     shutil.rmtree(work, ignore_errors=True)
 

@@ -20,16 +20,15 @@ llm, job, work, reps = standin.batching_retry_bench(80)
 import flows.batch_generation as fb
 with prefect_test_harness(server_startup_timeout=120):
     fb.batch_generation(bench.bench_job(bench.write_products(work / "w.csv", 8), work / "ow", 16))
-    for rep in range(reps):
-        for ahead in ((False, True) if rep % 2 == 0 else (True, False)):
-            run_job = job.model_copy(update={"retry": job.retry.model_copy(update={"ahead": ahead}),
-                                             "output": job.output.model_copy(update={"dir": str(work / f"out-{rep}-{ahead}")})})
-            engine = llm.llm_engine
-            steps0, tokens0 = engine.steps, engine.tokens
-            t = time.perf_counter()
-            m = fb.batch_generation(run_job)
-            wall = time.perf_counter() - t
-            print(json.dumps({"ahead": ahead, "wall": round(wall, 2), "after_last_output": round(t + wall - llm.llm_engine.last_output_at, 2),
-                              "engine_steps": engine.steps - steps0, "engine_tokens": engine.tokens - tokens0,
-                              "items": m.counts.items, "accepted": m.counts.accepted, "generate": round(m.timings_seconds["generate"], 2)}), flush=True)
+    for ahead, run_job in standin.ahead_runs(job, work, reps):
+        engine = llm.llm_engine
+        steps0, tokens0 = engine.steps, engine.tokens
+        t = time.perf_counter()
+        m = fb.batch_generation(run_job)
+        wall = time.perf_counter() - t
+        print(json.dumps({"ahead": ahead, "wall": round(wall, 2),
+                          "after_last_output": round(t + wall - llm.llm_engine.last_output_at, 2),
+                          "engine_steps": engine.steps - steps0, "engine_tokens": engine.tokens - tokens0,
+                          "items": m.counts.items, "accepted": m.counts.accepted,
+                          "generate": round(m.timings_seconds["generate"], 2)}), flush=True)
 shutil.rmtree(work, ignore_errors=True)
