@@ -96,13 +96,24 @@ def publish_task(job: JobSpec, publication: Publication, started_at: datetime) -
     # The timings count from the flow's start (`started_at`), on the clock the tasks' figures use.
     started = publication.opened - (publication.opened_at - started_at).total_seconds()
     timings = totals.timings(started, publication.windows_done or time.perf_counter())
+    sealing = time.perf_counter()
     manifest = build_manifest(job, totals, timings, started_at, flow_run.get_id(), flow_run.get_flow_name())
     written = publication.seal(manifest, [merge_results(results) for results in totals.validation])
     if publication.join_fallback is not None:
         get_run_logger().debug("publish: the windows' parts joined at seal (%s)", publication.join_fallback)
     check_published_once(publication.staging, totals.tally.items)
-    finish_publication(job, publication, _artifact_key(job.name), f"{job.name}: run summary", "publish")
+    steps = {"seal": time.perf_counter() - sealing}
+    finish_publication(job, publication, _artifact_key(job.name), f"{job.name}: run summary", "publish", steps)
     return written
+
+
+def log_publish_steps(label: str, steps: dict[str, float], report: dict[str, float]) -> None:
+    """One log line of where publishing's time went (the run's last step, after the engine's last output): the
+    seal (tables joined, hashed, manifest), the report and its parts, the commit and the summary artifact."""
+    parts = ", ".join(f"{name.replace('_', ' ')} {seconds:.2f}" for name, seconds in report.items())
+    get_run_logger().info("%s: in %.2f s: %s", label, sum(steps.values()), "; ".join(
+        f"{name} {seconds:.2f}" + (f" ({parts})" if name == "report" and parts else "")
+        for name, seconds in steps.items()))
 
 
 def check_published_once(staging: Path, expected: int) -> None:
@@ -118,17 +129,24 @@ def check_published_once(staging: Path, expected: int) -> None:
 
 
 def finish_publication(job: JobSpec, publication: Publication, artifact_key: str, artifact_description: str,
-                       label: str) -> Path:
-    """Add the report to a sealed publication, switch `current` to it, post the summary, copy it to shared storage."""
+                       label: str, steps: dict[str, float] | None = None) -> Path:
+    """Add the report to a sealed publication, switch `current` to it, post the summary, copy it to shared storage.
+    `steps`: seconds of the publishing steps before this one (by name), logged with this one's in one line."""
     # Anything else that belongs to this publication is written into it before the commit,
     # so that readers of <out>/current see it together with the data or not at all.
     # report.html and data_docs/ belong to this publication; the markdown is the report's figures, read once
-    _, figures = write_report_and_markdown(publication.staging)
+    steps, report = dict(steps or {}), {}
+    started = time.perf_counter()
+    _, figures = write_report_and_markdown(publication.staging, report)
+    committing = time.perf_counter()
     out_dir = Path(job.output.dir)
     published = publication.commit()
     written = publication.manifest
+    posting = time.perf_counter()
     create_markdown_artifact(markdown=summary_markdown(written) + figures, key=artifact_key,
                              description=artifact_description)
+    steps.update(report=committing - started, commit=posting - committing, artifact=time.perf_counter() - posting)
+    log_publish_steps(label, steps, report)
     counts = written.counts
     print(f"{label}: {counts.accepted} accepted, {counts.rejected} rejected of {counts.items} items "
           f"-> {out_dir / CURRENT} ({published.relative_to(out_dir)})")

@@ -10,6 +10,7 @@ process that draws the charts while the Data Docs are built).
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from batchgen.files import write_text as write_text_atomic
@@ -70,10 +71,13 @@ def start_chart_worker(count: int | None = None) -> list[ChartWorker]:
     return start_workers(count)
 
 
-def _write(run_dir: Path) -> tuple[Path, Publication]:
+def _write(run_dir: Path, timings: dict[str, float] | None = None) -> tuple[Path, Publication]:
+    started = time.perf_counter()
     pub = load_publication(Path(run_dir))
     asked = ask_for_charts(pub.root, running_workers())  # drawn there while the Data Docs are built here
+    read = time.perf_counter()
     docs = build_data_docs(pub)
+    built = time.perf_counter()
     charts: list[dict[str, str] | None] = [None] * CHART_COUNT
     for worker, which, answer in asked:
         try:
@@ -84,8 +88,12 @@ def _write(run_dir: Path) -> tuple[Path, Publication]:
     missing = [index for index, chart in enumerate(charts) if chart is None]
     for index, chart in zip(missing, report_charts(pub, missing) if missing else []):
         charts[index] = chart
+    drawn = time.perf_counter()
     path = pub.root / REPORT
     write_text_atomic(render_html(pub, docs, charts), path)
+    if timings is not None:
+        timings.update(read=read - started, data_docs=built - read, charts=drawn - built,
+                       page=time.perf_counter() - drawn)
     return path, pub
 
 
@@ -95,10 +103,11 @@ def write_report(run_dir: Path) -> Path:
     return _write(Path(run_dir))[0]
 
 
-def write_report_and_markdown(run_dir: Path) -> tuple[Path, str]:
+def write_report_and_markdown(run_dir: Path, timings: dict[str, float] | None = None) -> tuple[Path, str]:
     """`write_report`, and the report's figures as markdown (`report_markdown`) from the same reading of the
-    publication."""
-    path, pub = _write(Path(run_dir))
+    publication. `timings`, when given, gets the seconds each part took: read (the publication), data_docs, charts
+    (the wait for the chart workers' images, or drawing them here) and page (report.html)."""
+    path, pub = _write(Path(run_dir), timings)
     return path, figures_markdown(pub)
 
 

@@ -46,6 +46,13 @@ def test_task_runs_are_named_by_window_and_pass(tmp_path, prefect_server, stand_
     assert tables == sorted(run.name for run in runs if run.name.startswith("validate-"))
     progress = sorted((by_id[a.task_run_id], float(a.data)) for a in made if a.type == "progress")
     assert progress == sorted((run.name, 100.0) for run in runs if run.name.startswith("generate-"))
+    # the publish task says where its time went, in its own log: the seal, the report and its parts, the commit
+    publish = next(run.id for run in runs if run.name == "publish")
+    lines = publish_log(publish)
+    steps = [line for line in lines if line.startswith("publish: in ")]
+    assert len(steps) == 1, lines
+    for part in ("seal ", "report ", "read ", "data docs ", "charts ", "page ", "commit ", "artifact "):
+        assert part in steps[0], steps[0]
     names = sorted(run.name for run in runs)
     # two windows of 6; everything is cut off at 12 tokens, the first retry ends every output: in the stream of
     # the first generate task (in_stream), or in a retry pass after validation; then a plan finds nothing to retry
@@ -57,3 +64,23 @@ def test_task_runs_are_named_by_window_and_pass(tmp_path, prefect_server, stand_
         if not in_stream:
             expected += [f"plan-retry-{window}-retry1", f"generate-{window}-retry1"]
     assert names == sorted(expected)
+
+
+def publish_log(task_run_id, wait: float = 10.0) -> list[str]:
+    """The messages logged by a task run, as the Prefect UI shows them (logs reach the server in batches: waits up
+    to `wait` seconds for the summary line)."""
+    import time
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[task_run_id])))
+
+    deadline = time.monotonic() + wait
+    while True:
+        lines = [log.message for log in asyncio.run(read())]
+        if any(line.startswith("publish: in ") for line in lines) or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.2)
