@@ -6,6 +6,7 @@ import time
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -24,7 +25,7 @@ from batchgen.publish import CURRENT, PUBLICATIONS, REJECTED, RESULTS, Publicati
 from batchgen.records import ATTEMPTS_SCHEMA, EngineStats, Manifest, RunTotals, Tally, Window
 from batchgen.remote import CURRENT_JSON, upload_publication
 from batchgen.report import preload as preload_report
-from batchgen.report import start_chart_worker, write_report_and_markdown
+from batchgen.report import start_chart_worker, start_data_docs, write_report_and_markdown
 from batchgen.retry import latest_attempts
 from batchgen.summary import summary_markdown
 from batchgen.gx_results import merge_results
@@ -98,12 +99,16 @@ def publish_task(job: JobSpec, publication: Publication, started_at: datetime) -
     timings = totals.timings(started, publication.windows_done or time.perf_counter())
     sealing = time.perf_counter()
     manifest = build_manifest(job, totals, timings, started_at, flow_run.get_id(), flow_run.get_flow_name())
-    written = publication.seal(manifest, [merge_results(results) for results in totals.validation])
+    validation = [merge_results(results) for results in totals.validation]
+    # the Data Docs need only the validation results: a worker builds them while the tables are sealed here
+    data_docs = start_data_docs(publication.staging, validation, manifest.started_at)
+    written = publication.seal(manifest, validation)
     if publication.join_fallback is not None:
         get_run_logger().debug("publish: the windows' parts joined at seal (%s)", publication.join_fallback)
     check_published_once(publication.staging, totals.tally.items)
     steps = {"seal": time.perf_counter() - sealing}
-    finish_publication(job, publication, _artifact_key(job.name), f"{job.name}: run summary", "publish", steps)
+    finish_publication(job, publication, _artifact_key(job.name), f"{job.name}: run summary", "publish", steps,
+                       data_docs)
     return written
 
 
@@ -129,15 +134,16 @@ def check_published_once(staging: Path, expected: int) -> None:
 
 
 def finish_publication(job: JobSpec, publication: Publication, artifact_key: str, artifact_description: str,
-                       label: str, steps: dict[str, float] | None = None) -> Path:
+                       label: str, steps: dict[str, float] | None = None, data_docs: Any = None) -> Path:
     """Add the report to a sealed publication, switch `current` to it, post the summary, copy it to shared storage.
-    `steps`: seconds of the publishing steps before this one (by name), logged with this one's in one line."""
+    `steps`: seconds of the publishing steps before this one (by name), logged with this one's in one line;
+    `data_docs`: the Data Docs asked of a worker already (batchgen.report.start_data_docs)."""
     # Anything else that belongs to this publication is written into it before the commit,
     # so that readers of <out>/current see it together with the data or not at all.
     # report.html and data_docs/ belong to this publication; the markdown is the report's figures, read once
     steps, report = dict(steps or {}), {}
     started = time.perf_counter()
-    _, figures = write_report_and_markdown(publication.staging, report)
+    _, figures = write_report_and_markdown(publication.staging, report, data_docs)
     committing = time.perf_counter()
     out_dir = Path(job.output.dir)
     published = publication.commit()

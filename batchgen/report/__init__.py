@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 from batchgen.files import write_text as write_text_atomic
 from batchgen.report.datadocs import DATA_DOCS, build_data_docs
@@ -22,6 +24,7 @@ from batchgen.report.worker import (
     ChartWorker,
     ChartWorkerError,
     ask_for_charts,
+    ask_for_data_docs,
     load_chart_libraries,
     running_workers,
     start_workers,
@@ -29,7 +32,7 @@ from batchgen.report.worker import (
 )
 
 __all__ = ["DATA_DOCS", "REPORT", "NotAPublicationError", "load_publication", "preload", "report_markdown",
-           "start_chart_worker", "write_report", "write_report_and_markdown"]
+           "start_chart_worker", "start_data_docs", "write_report", "write_report_and_markdown"]
 
 
 def load_libraries(data_docs: bool = True, charts: bool = True) -> None:
@@ -71,12 +74,24 @@ def start_chart_worker(count: int | None = None) -> list[ChartWorker]:
     return start_workers(count)
 
 
-def _write(run_dir: Path, timings: dict[str, float] | None = None) -> tuple[Path, Publication]:
+def _write(run_dir: Path, timings: dict[str, float] | None = None,
+           data_docs: tuple[ChartWorker, Future] | None = None) -> tuple[Path, Publication]:
     started = time.perf_counter()
+    workers = running_workers()
+    # the Data Docs in a worker (asked for already, or now), the charts in the others, while the publication is read
+    # here; what no worker takes is done here
+    data_docs = data_docs or ask_for_data_docs(Path(run_dir), workers)
+    asked = ask_for_charts(Path(run_dir), workers)
     pub = load_publication(Path(run_dir))
-    asked = ask_for_charts(pub.root, running_workers())  # drawn there while the Data Docs are built here
     read = time.perf_counter()
-    docs = build_data_docs(pub)
+    docs = None
+    if data_docs is not None:
+        try:
+            docs = wait_for(data_docs[1], data_docs[0])
+        except ChartWorkerError:
+            data_docs = None
+    if data_docs is None:
+        docs = build_data_docs(pub)
     built = time.perf_counter()
     charts: list[dict[str, str] | None] = [None] * CHART_COUNT
     for worker, which, answer in asked:
@@ -103,12 +118,22 @@ def write_report(run_dir: Path) -> Path:
     return _write(Path(run_dir))[0]
 
 
-def write_report_and_markdown(run_dir: Path, timings: dict[str, float] | None = None) -> tuple[Path, str]:
+def write_report_and_markdown(run_dir: Path, timings: dict[str, float] | None = None,
+                              data_docs: tuple[ChartWorker, Future] | None = None) -> tuple[Path, str]:
     """`write_report`, and the report's figures as markdown (`report_markdown`) from the same reading of the
-    publication. `timings`, when given, gets the seconds each part took: read (the publication), data_docs, charts
-    (the wait for the chart workers' images, or drawing them here) and page (report.html)."""
-    path, pub = _write(Path(run_dir), timings)
+    publication. `timings`, when given, gets the seconds each part took: read (the publication), data_docs (building
+    them here, or the wait for a worker's), charts (the wait for the chart workers' images, or drawing them here)
+    and page (report.html). `data_docs`: the Data Docs asked of a worker already (`start_data_docs`)."""
+    path, pub = _write(Path(run_dir), timings, data_docs)
     return path, figures_markdown(pub)
+
+
+def start_data_docs(run_dir: Path, validation: list[dict[str, Any]], started_at: str | None) -> \
+        tuple[ChartWorker, Future] | None:
+    """Ask a chart worker that builds Data Docs (`start_chart_worker`) for those of `validation` (the results as
+    the publication's validation.json will hold them) into `run_dir` now, before the tables are sealed; give what
+    it returns to `write_report_and_markdown`. None where no such worker is ready: the report builds them."""
+    return ask_for_data_docs(Path(run_dir), running_workers(), validation, started_at)
 
 
 def report_markdown(run_dir: Path) -> str:

@@ -8,7 +8,8 @@ process builds the Data Docs. Where there are cores for it, several workers shar
 `ask_for_charts`): the page waits for its costliest chart, not the sum. A worker is a plain child (`python -m
 batchgen.report.worker`), not a multiprocessing one, so the parent's main module is never imported again there. It
 reads one request line on stdin and answers one JSON line on stdout; it exits when its stdin closes (its parent
-ended). Anything that goes wrong there (no interpreter, not ready yet, a crash, an error, no answer in time) is the
+ended). The first worker started also imports GX and builds the Data Docs (`ask_for_data_docs`): the publish step
+asks for them before it seals the tables, so that they are built beside the seal, the charts and the page. Anything that goes wrong there (no interpreter, not ready yet, a crash, an error, no answer in time) is the
 caller's cue to draw the charts in-process instead, where a real error is raised.
 """
 
@@ -36,25 +37,28 @@ class ChartWorker:
     """One child process that draws charts; one request at a time (others draw in-process meanwhile). It says
     when its imports are done: a request before that is refused (drawn in-process, not waited for)."""
 
-    def __init__(self, process: subprocess.Popen):
+    def __init__(self, process: subprocess.Popen, data_docs: bool = False):
         self.process = process
+        self.data_docs = data_docs  # it has GX loaded and builds Data Docs too
         self.ready = threading.Event()
         self._busy = threading.Lock()
         self._answer: Future | None = None
         threading.Thread(target=self._read, name="batchgen-chart-worker", daemon=True).start()
 
     @classmethod
-    def start(cls) -> ChartWorker:
-        """Start the child; it imports matplotlib and batchgen's report modules at once, then waits."""
+    def start(cls, data_docs: bool = False) -> ChartWorker:
+        """Start the child; it imports matplotlib and batchgen's report modules at once (with `data_docs`, GX's site
+        builder too), then waits."""
         root = Path(__file__).resolve().parents[2]  # the folder this batchgen is imported from
         # `-m` puts the child's working folder first on its path: a checkout's root, so it imports this batchgen;
         # an installed batchgen is found by the child as it is (a site-packages folder first would shadow the
         # standard library with what is installed there).
         cwd = None if root.name in ("site-packages", "dist-packages") else root
-        process = subprocess.Popen([sys.executable, "-m", "batchgen.report.worker"], stdin=subprocess.PIPE,
+        process = subprocess.Popen([sys.executable, "-m", "batchgen.report.worker",
+                                    *(["--data-docs"] if data_docs else [])], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                    env={**os.environ, "MPLBACKEND": "Agg"}, cwd=cwd, close_fds=True)
-        return cls(process)
+        return cls(process, data_docs)
 
     def _read(self) -> None:
         """The child's lines: "ready" once, then one answer per request; at its end, a pending request fails."""
@@ -69,8 +73,8 @@ class ChartWorker:
             answer, self._answer = self._answer, None
             if answer is None:
                 continue
-            if "charts" in reply:
-                answer.set_result(reply["charts"])
+            if "charts" in reply or "data_docs" in reply:
+                answer.set_result(reply["charts"] if "charts" in reply else reply["data_docs"])
             else:
                 answer.set_exception(ChartWorkerError(f"the chart worker failed: {reply.get('error')}"))
             self._busy.release()
@@ -83,10 +87,29 @@ class ChartWorker:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def busy(self) -> bool:
+        """Working on a request (its answer not read yet)."""
+        return self._busy.locked()
+
     def charts(self, run_dir: Path, which: Sequence[int] | None = None) -> Future:
         """Ask for the charts of `run_dir` (a sealed publication), all or those at the indices `which`; the future's
         result is `report_charts`'s list, or ChartWorkerError. Raises ChartWorkerError at once when the worker is
         not ready, busy or gone."""
+        return self._ask({"run_dir": str(Path(run_dir).resolve()), "which": None if which is None else list(which)})
+
+    def build_data_docs(self, run_dir: Path, validation: list[dict[str, Any]] | None = None,
+                        started_at: str | None = None) -> Future:
+        """Ask for the Data Docs of `run_dir` (`batchgen.report.datadocs.build_data_docs`, written into the folder):
+        of `validation` (the results as validation.json holds them) and the run's start `started_at` (ISO) when
+        given, so that the tables need not be sealed yet, else of the publication's own. The future's result is
+        the pages (build_data_docs' return), or ChartWorkerError; raises it at once as `charts` does, and where
+        this worker has no GX."""
+        if not self.data_docs:
+            raise ChartWorkerError("this chart worker does not build Data Docs")
+        return self._ask({"run_dir": str(Path(run_dir).resolve()), "data_docs": True, "validation": validation,
+                          "started_at": started_at})
+
+    def _ask(self, request: dict[str, Any]) -> Future:
         if not self.ready.is_set() or not self.alive():
             raise ChartWorkerError("the chart worker is not ready")
         if not self._busy.acquire(blocking=False):
@@ -94,8 +117,7 @@ class ChartWorker:
         answer: Future = Future()
         self._answer = answer
         try:
-            request = {"run_dir": str(Path(run_dir).resolve()), "which": None if which is None else list(which)}
-            self.process.stdin.write((json.dumps(request) + "\n").encode())
+            self.process.stdin.write((json.dumps(request, default=str) + "\n").encode())
             self.process.stdin.flush()
         except (OSError, ValueError) as exc:
             self._answer = None
@@ -124,15 +146,15 @@ def wait_for(answer: Future, worker: ChartWorker, timeout: float = ANSWER_SECOND
 
 
 def worker_count() -> int:
-    """How many chart workers a report uses: one per four cores this process may run on, one to CHART_COUNT (each
-    draws a share of the page's charts, at the same time)."""
+    """How many chart workers a report uses: one per four cores this process may run on, one to CHART_COUNT + 1
+    (the first builds the Data Docs, the others each draw a share of the page's charts, all at the same time)."""
     from batchgen.report.charts import CHART_COUNT
 
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    return max(1, min(CHART_COUNT, cores // 4))
+    return max(1, min(CHART_COUNT + 1, cores // 4))
 
 
 _workers: list[ChartWorker] = []
@@ -147,8 +169,8 @@ def start_workers(count: int | None = None) -> list[ChartWorker]:
     with _starting:
         alive = [worker for worker in _workers if worker.alive()]
         while len(alive) < wanted:
-            try:
-                alive.append(ChartWorker.start())
+            try:  # the first builds the Data Docs too
+                alive.append(ChartWorker.start(data_docs=not any(worker.data_docs for worker in alive)))
             except (OSError, ValueError, subprocess.SubprocessError):
                 break
         _workers = alive
@@ -166,7 +188,7 @@ def ask_for_charts(run_dir: Path, workers: list[ChartWorker]) -> list[tuple[Char
     ready, busy, gone) is left out: its charts are for the caller to draw."""
     from batchgen.report.charts import CHART_COUNT
 
-    ready = [worker for worker in workers if worker.ready.is_set()]
+    ready = [worker for worker in workers if worker.ready.is_set() and not worker.busy()]
     if not ready:
         return []
     by_cost = [1, 2, 3, 0][:CHART_COUNT]  # lengths (a histogram), expectations, throughput, finish reasons
@@ -178,6 +200,19 @@ def ask_for_charts(run_dir: Path, workers: list[ChartWorker]) -> list[tuple[Char
         except ChartWorkerError:
             continue
     return asked
+
+
+def ask_for_data_docs(run_dir: Path, workers: list[ChartWorker], validation: list[dict[str, Any]] | None = None,
+                      started_at: str | None = None) -> tuple[ChartWorker, Future] | None:
+    """Ask the ready, idle worker that builds Data Docs for those of `run_dir` (`ChartWorker.build_data_docs`);
+    None where there is none (the caller builds them in-process)."""
+    for worker in workers:
+        if worker.data_docs and worker.ready.is_set() and not worker.busy():
+            try:
+                return worker, worker.build_data_docs(run_dir, validation, started_at)
+            except ChartWorkerError:
+                return None
+    return None
 
 
 @atexit.register
@@ -194,12 +229,31 @@ def serve(requests: Any, answers: Any) -> None:
     for line in requests:
         try:
             request = json.loads(line)
-            reply: dict[str, Any] = {"charts": report_charts(load_publication(Path(request["run_dir"])),
-                                                             request.get("which"))}
+            if request.get("data_docs"):
+                reply: dict[str, Any] = {"data_docs": data_docs(request)}
+            else:
+                reply = {"charts": report_charts(load_publication(Path(request["run_dir"])), request.get("which"))}
         except Exception as exc:  # noqa: BLE001  (the parent draws in-process, where the error is raised)
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         answers.write(json.dumps(reply) + "\n")
         answers.flush()
+
+
+def data_docs(request: dict[str, Any]) -> dict[str, Any] | None:
+    """The Data Docs a request asks for: of the validation results and start it carries, else of the publication's
+    validation.json and manifest."""
+    from datetime import datetime
+    from types import SimpleNamespace
+
+    from batchgen.report.datadocs import build_data_docs
+    from batchgen.report.read import load_publication
+
+    root = Path(request["run_dir"])
+    if request.get("validation") is None:
+        return build_data_docs(load_publication(root))
+    started = request.get("started_at")
+    return build_data_docs(SimpleNamespace(root=root, validation=request["validation"],  # type: ignore[arg-type]
+                                           started_at=datetime.fromisoformat(started) if started else None))
 
 
 def load_chart_libraries() -> None:
@@ -219,6 +273,10 @@ def main() -> None:
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a library's stray print must not garble an answer
     load_chart_libraries()
+    if "--data-docs" in sys.argv[1:]:
+        from batchgen.report import load_libraries
+
+        load_libraries(charts=False)  # GX's site builder and its page templates
     answers.write(json.dumps({"ready": True}) + "\n")
     answers.flush()
     serve(sys.stdin.buffer, answers)

@@ -1,5 +1,6 @@
-"""The chart workers (batchgen.report.worker): child processes that draw a publication's charts (a share each) while
-the Data Docs are built, the same images as in-process; what they cannot draw, the report draws itself."""
+"""The chart workers (batchgen.report.worker): child processes that draw a publication's charts (a share each) and,
+the first one, build its Data Docs, the same images and pages as in-process; what they cannot do, the report does
+itself."""
 
 from __future__ import annotations
 
@@ -9,15 +10,23 @@ import shutil
 import pytest
 
 import batchgen.report.worker as worker_module
-from batchgen.report import REPORT, write_report, write_report_and_markdown
+from batchgen.report import DATA_DOCS, REPORT, write_report, write_report_and_markdown
+from batchgen.report.datadocs import build_data_docs
 from batchgen.report.charts import report_charts
 from batchgen.report.read import load_publication
-from batchgen.report.worker import ChartWorker, ChartWorkerError, ask_for_charts, wait_for, worker_count
+from batchgen.report.worker import (
+    ChartWorker,
+    ChartWorkerError,
+    ask_for_charts,
+    ask_for_data_docs,
+    wait_for,
+    worker_count,
+)
 from tests.unit.batchgen.report.publication import make_publication
 
 
-def _ready_worker():
-    started = ChartWorker.start()
+def _ready_worker(data_docs: bool = False):
+    started = ChartWorker.start(data_docs=data_docs)
     assert started.ready.wait(timeout=120), "the chart worker never said it was ready"
     yield started
     started.close()
@@ -32,6 +41,11 @@ def worker():
 @pytest.fixture(scope="module")
 def second_worker():
     yield from _ready_worker()
+
+
+@pytest.fixture(scope="module")
+def docs_worker():
+    yield from _ready_worker(data_docs=True)
 
 
 def without_ids(page: str) -> str:
@@ -68,8 +82,8 @@ def test_the_charts_are_shared_among_the_ready_workers_each_asked_once(published
         starting.process.wait(timeout=30)
 
 
-def test_one_worker_per_four_cores_one_to_four(monkeypatch):
-    for cores, workers in ((1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (128, 4)):
+def test_one_worker_per_four_cores_one_to_five(monkeypatch):
+    for cores, workers in ((1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (20, 5), (128, 5)):
         monkeypatch.setattr(worker_module.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
         assert worker_count() == workers
 
@@ -131,3 +145,65 @@ def test_a_worker_that_gives_no_answer_in_time_is_ended(published):
         assert slow.process.wait(timeout=30) is not None  # killed
     finally:
         slow.kill()
+
+
+def site(root) -> dict[str, str]:
+    """The Data Docs' pages of a publication, by path, without what differs between two builds."""
+    return {path.relative_to(root).as_posix(): without_ids(path.read_text(encoding="utf-8"))
+            for path in sorted((root / DATA_DOCS).rglob("*.html"))}
+
+
+def test_the_docs_worker_builds_the_same_data_docs_from_the_publication_or_before_its_seal(tmp_path, docs_worker):
+    import json
+
+    roots = [tmp_path / name for name in ("in-process", "worker", "before-seal")]
+    make_publication(roots[0])
+    for root in roots[1:]:
+        shutil.copytree(roots[0], root)
+    pub = load_publication(roots[0])
+    pages = build_data_docs(pub)
+    assert wait_for(docs_worker.build_data_docs(roots[1]), docs_worker, timeout=120) == pages
+    # the results and the start as the publish step has them before validation.json and the manifest are written
+    validation = json.loads((roots[2] / "validation.json").read_text(encoding="utf-8"))
+    (roots[2] / "validation.json").unlink()
+    answer = docs_worker.build_data_docs(roots[2], validation, pub.manifest.started_at)
+    assert wait_for(answer, docs_worker, timeout=120) == pages
+    built = [site(root) for root in roots]
+    assert len(built[0]) >= 3 and built[0] == built[1] == built[2]
+
+
+def test_only_a_worker_with_gx_builds_data_docs_and_a_busy_one_is_left_out(published, worker, docs_worker):
+    root, _, _ = published
+    with pytest.raises(ChartWorkerError, match="does not build Data Docs"):
+        worker.build_data_docs(root)
+    assert ask_for_data_docs(root, [worker]) is None
+    asked = ask_for_data_docs(root, [worker, docs_worker])
+    assert asked is not None and asked[0] is docs_worker
+    # busy with the Data Docs: no second request, and no share of the charts
+    assert ask_for_data_docs(root, [docs_worker]) is None
+    charts = ask_for_charts(root, [docs_worker, worker])
+    assert [w for w, _, _ in charts] == [worker] and charts[0][1] == [0, 1, 2, 3]
+    assert len(wait_for(charts[0][2], worker, timeout=120)) == 4
+    assert wait_for(asked[1], docs_worker, timeout=120)["index"] == f"{DATA_DOCS}/index.html"
+
+
+def test_the_report_is_the_same_with_the_data_docs_built_by_a_worker(tmp_path, monkeypatch, worker, docs_worker):
+    roots = [tmp_path / name for name in ("in-process", "workers", "asked-before")]
+    make_publication(roots[0])
+    for root in roots[1:]:
+        shutil.copytree(roots[0], root)
+    monkeypatch.setattr(worker_module, "_workers", [])
+    write_report(roots[0])
+    monkeypatch.setattr(worker_module, "_workers", [docs_worker, worker])
+    timings: dict[str, float] = {}
+    write_report_and_markdown(roots[1], timings)
+    assert set(timings) == {"read", "data_docs", "charts", "page"}
+    from batchgen.report import start_data_docs
+
+    pub = load_publication(roots[2])
+    asked = start_data_docs(roots[2], pub.validation, pub.manifest.started_at)
+    assert asked is not None and asked[0] is docs_worker
+    write_report_and_markdown(roots[2], data_docs=asked)
+    pages = [without_ids((root / REPORT).read_text(encoding="utf-8")) for root in roots]
+    assert pages[0] == pages[1] == pages[2]
+    assert site(roots[0]) == site(roots[1]) == site(roots[2])
