@@ -56,9 +56,31 @@ def _quiet_gx() -> None:
 def validate_rows(rows: pd.DataFrame, spec: ExpectationsSpec, keywords: pd.Series | None,
                   suite_name: str, json_schema: dict[str, Any] | None = None,
                   structured: tuple[str, Any] | None = None) -> Validation:
-    """Validate every row with a GX suite built from the job; each row gets the list of expectations it failed."""
-    _quiet_gx()
+    """Validate every row with a GX suite built from the job; each row gets the list of expectations it failed.
+
+    The suite runs in a validation worker process where one is ready and idle (expectations.workers: on GPU
+    hosts, so that GX's work leaves the run's process to the engine's outputs and the windows' staging), else
+    here: the same verdicts and results either way."""
+    from expectations.workers import validate_in_worker
+
     frame = prepare_frame(rows, keywords)
+    done = validate_in_worker(frame, spec, suite_name, json_schema, structured)
+    failed, result_json = done if done is not None else validate_frame(frame, spec, suite_name, json_schema,
+                                                                       structured)
+    verdicts = pd.DataFrame({
+        ROW_KEY: frame[ROW_KEY],
+        "passed": [not reasons for reasons in failed],
+        "failed": failed,
+    })
+    return Validation(verdicts=verdicts, result=result_json, statistics=result_json.get("statistics", {}))
+
+
+def validate_frame(frame: pd.DataFrame, spec: ExpectationsSpec, suite_name: str,
+                   json_schema: dict[str, Any] | None = None,
+                   structured: tuple[str, Any] | None = None) -> tuple[list[list[str]], dict[str, Any]]:
+    """The suite on a prepared frame (`prepare_frame`), in this process: each row's failed expectations (batchgen
+    ids, in the frame's order) and GX's validation result as JSON."""
+    _quiet_gx()
     with _suite_of(spec, suite_name, json_schema, structured) as (built, validator):
         failed: list[list[str]] = [[] for _ in range(len(frame))]
         result_json: dict[str, Any] = {"success": True, "results": [], "statistics": {}}
@@ -76,12 +98,7 @@ def validate_rows(rows: pd.DataFrame, spec: ExpectationsSpec, keywords: pd.Serie
                         failed[position].append(name)
                 _bound_lists(outcome.result, keys)
             result_json = result_as_json(result)
-    verdicts = pd.DataFrame({
-        ROW_KEY: frame[ROW_KEY],
-        "passed": [not reasons for reasons in failed],
-        "failed": failed,
-    })
-    return Validation(verdicts=verdicts, result=result_json, statistics=result_json.get("statistics", {}))
+    return failed, result_json
 
 
 # GX suites ready to validate: an ephemeral context, its pandas data source, the batch definition and the saved

@@ -31,6 +31,8 @@ from batchgen.progress import job_progress
 from batchgen.records import Attempt, Manifest, Window, columns_of
 from batchgen.resolve import resolve_job
 from batchgen.schema import frame_input_codec
+from expectations.workers import start_validation_workers
+from expectations.workers import wanted as validation_workers
 from tasks.check import check_job_task
 from tasks.generate import generate_task, start_engine_early
 from tasks.load import load_items_task
@@ -81,6 +83,8 @@ def batch_generation(
     with heartbeats(), frozen_heap():  # batchgen/gcheap.py: collections walk the run's objects only
         spec = resolve_job(job, limit, max_tokens, output_dir, overrides, temperature)
         check_job_task(spec)  # a job mistake stops here, before the engine starts
+        # on an accelerator, GX validates in worker processes (their imports take seconds: started now)
+        start_validation_workers(validation_workers(windows_in_flight(spec)))
         with open_publication(spec, preload=False) as publication:  # discarded unless the run publishes it
             loaded = load_items_task(spec)
             start_engine_early(spec, loaded)

@@ -37,28 +37,29 @@ class ChartWorker:
     """One child process that draws charts; one request at a time (others draw in-process meanwhile). It says
     when its imports are done: a request before that is refused (drawn in-process, not waited for)."""
 
-    def __init__(self, process: subprocess.Popen, data_docs: bool = False):
+    def __init__(self, process: subprocess.Popen, data_docs: bool = False, validates: bool = False):
         self.process = process
         self.data_docs = data_docs  # it has GX loaded and builds Data Docs too
+        self.validates = validates  # it has GX loaded and validates outputs (expectations.workers)
         self.ready = threading.Event()
         self._busy = threading.Lock()
         self._answer: Future | None = None
         threading.Thread(target=self._read, name="batchgen-chart-worker", daemon=True).start()
 
     @classmethod
-    def start(cls, data_docs: bool = False) -> ChartWorker:
+    def start(cls, data_docs: bool = False, validates: bool = False) -> ChartWorker:
         """Start the child; it imports matplotlib and batchgen's report modules at once (with `data_docs`, GX's site
-        builder too), then waits."""
+        builder too; with `validates`, GX and batchgen's suites instead of matplotlib), then waits."""
         root = Path(__file__).resolve().parents[2]  # the folder this batchgen is imported from
         # `-m` puts the child's working folder first on its path: a checkout's root, so it imports this batchgen;
         # an installed batchgen is found by the child as it is (a site-packages folder first would shadow the
         # standard library with what is installed there).
         cwd = None if root.name in ("site-packages", "dist-packages") else root
         process = subprocess.Popen([sys.executable, "-m", "batchgen.report.worker",
-                                    *(["--data-docs"] if data_docs else [])], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    *(["--data-docs"] if data_docs else []), *(["--validate"] if validates else [])],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                    env={**os.environ, "MPLBACKEND": "Agg"}, cwd=cwd, close_fds=True)
-        return cls(process, data_docs)
+        return cls(process, data_docs, validates)
 
     def _read(self) -> None:
         """The child's lines: "ready" once, then one answer per request; at its end, a pending request fails."""
@@ -73,8 +74,9 @@ class ChartWorker:
             answer, self._answer = self._answer, None
             if answer is None:
                 continue
-            if "charts" in reply or "data_docs" in reply:
-                answer.set_result(reply["charts"] if "charts" in reply else reply["data_docs"])
+            kind = next((key for key in ("charts", "data_docs", "validated") if key in reply), None)
+            if kind is not None:
+                answer.set_result(reply[kind])
             else:
                 answer.set_exception(ChartWorkerError(f"the chart worker failed: {reply.get('error')}"))
             self._busy.release()
@@ -108,6 +110,14 @@ class ChartWorker:
             raise ChartWorkerError("this chart worker does not build Data Docs")
         return self._ask({"run_dir": str(Path(run_dir).resolve()), "data_docs": True, "validation": validation,
                           "started_at": started_at})
+
+    def validate(self, payload: str) -> Future:
+        """Ask for a validation (expectations.workers: `payload` is its pickled arguments, as text); the future's
+        result is the pickled answer, as text, or ChartWorkerError. Raises it at once as `charts` does, and where
+        this worker does not validate."""
+        if not self.validates:
+            raise ChartWorkerError("this worker does not validate")
+        return self._ask({"validate": payload})
 
     def _ask(self, request: dict[str, Any]) -> Future:
         if not self.ready.is_set() or not self.alive():
@@ -231,6 +241,10 @@ def serve(requests: Any, answers: Any) -> None:
             request = json.loads(line)
             if request.get("data_docs"):
                 reply: dict[str, Any] = {"data_docs": data_docs(request)}
+            elif "validate" in request:
+                from expectations.workers import serve_validation
+
+                reply = {"validated": serve_validation(request["validate"])}
             else:
                 reply = {"charts": report_charts(load_publication(Path(request["run_dir"])), request.get("which"))}
         except Exception as exc:  # noqa: BLE001  (the parent draws in-process, where the error is raised)
@@ -272,7 +286,12 @@ def load_chart_libraries() -> None:
 def main() -> None:
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a library's stray print must not garble an answer
-    load_chart_libraries()
+    if "--validate" in sys.argv[1:]:
+        from expectations.workers import load_validation_libraries
+
+        load_validation_libraries()
+    else:
+        load_chart_libraries()
     if "--data-docs" in sys.argv[1:]:
         from batchgen.report import load_libraries
 

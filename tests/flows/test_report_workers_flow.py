@@ -1,5 +1,6 @@
-"""The publish step with report workers, as on a GPU host: the Data Docs asked of a worker before the tables are
-sealed, the charts of the others; the publication's report and Data Docs are what `batchgen report` rebuilds."""
+"""The flow with worker processes, as on a GPU host: GX validation in validation workers, the publish step's Data
+Docs asked of a report worker before the tables are sealed and the charts of the others. The run publishes what a
+run without workers does, and the report and Data Docs that `batchgen report` rebuilds."""
 
 from __future__ import annotations
 
@@ -48,5 +49,50 @@ def test_a_run_with_report_workers_publishes_the_report_batchgen_report_rebuilds
                 == without_ids((rebuilt / REPORT).read_text(encoding="utf-8")))
     finally:
         for w in workers:
+            w.close()
+            w.process.wait(timeout=30)
+
+
+def test_a_run_validated_by_workers_publishes_what_a_run_validated_in_process_does(tmp_path, monkeypatch,
+                                                                                     prefect_server, stand_in):  # noqa: F811
+    import pyarrow.parquet as pq
+
+    import expectations.workers as validation
+    import flows.batch_generation as flow_module
+    from batchgen.publish import ATTEMPTS, REJECTED, RESULTS
+
+    def run(name: str) -> dict:
+        job = job_from_dict(product_job(tmp_path / name, 24, retry={"max_passes": 1}, window_size=8,
+                                        windows_in_flight=2))
+        assert flow_module.batch_generation(job).counts.items == 24
+        published = current_publication(tmp_path / name / "out")
+        tables = {}
+        for table in (RESULTS, REJECTED, ATTEMPTS):
+            frame = pq.read_table(published / table).to_pandas()
+            # what differs between any two runs: the engine's request ids, times
+            frame = frame.drop(columns=[c for c in frame.columns
+                                        if c.endswith(("_at", "seconds")) or c == "request_id"])
+            tables[table] = frame.sort_values([c for c in ("item_id", "candidate", "attempt") if c in frame.columns],
+                                              ignore_index=True)
+        return tables
+
+    monkeypatch.setattr(validation, "_validators", [])
+    here = run("in-process")
+    served = []
+    original = validation.validate_in_worker
+    monkeypatch.setattr(validation, "validate_in_worker", lambda *a: served.append(original(*a)) or served[-1])
+    monkeypatch.setattr(flow_module, "validation_workers", lambda in_flight: in_flight)  # as on an accelerator
+    started = validation.start_validation_workers(2)
+    try:
+        assert all(w.ready.wait(timeout=180) for w in started), "the validation workers never got ready"
+        there = run("workers")
+        # validations ran in the workers (one that found both busy ran in-process, as it should)
+        assert sum(answer is not None for answer in served) >= len(served) // 2 > 0, served
+        for table, frame in here.items():
+            assert list(frame.columns) == list(there[table].columns), table
+            differ = [c for c in frame.columns if not frame[c].equals(there[table][c])]
+            assert not differ, (table, differ)
+    finally:
+        for w in started:
             w.close()
             w.process.wait(timeout=30)
