@@ -53,18 +53,21 @@ def _quiet_gx() -> None:
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
 
 
+FrameValidator = Callable[[pd.DataFrame, ExpectationsSpec, str, "dict[str, Any] | None", "tuple[str, Any] | None"],
+                          "tuple[list[list[str]], dict[str, Any]] | None"]
+
+
 def validate_rows(rows: pd.DataFrame, spec: ExpectationsSpec, keywords: pd.Series | None,
                   suite_name: str, json_schema: dict[str, Any] | None = None,
-                  structured: tuple[str, Any] | None = None) -> Validation:
+                  structured: tuple[str, Any] | None = None, elsewhere: FrameValidator | None = None) -> Validation:
     """Validate every row with a GX suite built from the job; each row gets the list of expectations it failed.
 
-    The suite runs in a validation worker process where one is ready and idle (expectations.workers: on GPU
-    hosts, so that GX's work leaves the run's process to the engine's outputs and the windows' staging), else
-    here: the same verdicts and results either way."""
-    from expectations.workers import validate_in_worker
-
+    `elsewhere`: a function that may run `validate_frame` somewhere else and return its answer, or None to leave
+    it to this process (the validate task passes expectations.workers.validate_in_worker: on GPU hosts a worker
+    process, so that GX's work leaves the run's process to the engine's outputs and the windows' staging); the
+    same verdicts and results either way."""
     frame = prepare_frame(rows, keywords)
-    done = validate_in_worker(frame, spec, suite_name, json_schema, structured)
+    done = elsewhere(frame, spec, suite_name, json_schema, structured) if elsewhere is not None else None
     failed, result_json = done if done is not None else validate_frame(frame, spec, suite_name, json_schema,
                                                                        structured)
     verdicts = pd.DataFrame({

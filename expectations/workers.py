@@ -3,7 +3,7 @@
 The flow's windows validate their outputs with GX (expectations.validate), pure Python that holds the run's
 interpreter: beside the engine's outputs coming in and the other windows' staging, the last windows' validations
 on an H200 host took 0.19-0.29 s each for 256-512 rows, a third of what was left after the engine's last output.
-Validation workers are child processes (batchgen.report.worker's, started with `--validate`: GX and batchgen's
+Validation workers are child processes (batchgen.workers, started with `--validate`: GX and batchgen's
 suites imported ahead, one request at a time) that run `validate_frame` on a prepared frame sent to them pickled;
 the run's process only prepares the frame and reads the verdicts back. A validation that finds no ready, idle
 worker, or whose worker fails, runs in-process: the same verdicts and results either way. None are started on CPU
@@ -22,11 +22,11 @@ from typing import Any
 import pandas as pd
 
 from batchgen.job import ExpectationsSpec
-from batchgen.report.worker import ChartWorker, ChartWorkerError, wait_for
+from batchgen.workers import Worker, WorkerError, wait_for
 
 ANSWER_SECONDS = 600.0  # a window's validation takes well under a second; a worker silent this long is given up
 
-_validators: list[ChartWorker] = []
+_validators: list[Worker] = []
 _starting = threading.Lock()
 
 
@@ -44,7 +44,7 @@ def wanted(windows_in_flight: int) -> int:
     return max(0, min(windows_in_flight, cores // 4))
 
 
-def start_validation_workers(count: int) -> list[ChartWorker]:
+def start_validation_workers(count: int) -> list[Worker]:
     """The process's validation workers, started now up to `count` alive (reused by later runs); those that could
     be started."""
     global _validators
@@ -52,7 +52,7 @@ def start_validation_workers(count: int) -> list[ChartWorker]:
         alive = [worker for worker in _validators if worker.alive()]
         while len(alive) < count:
             try:
-                alive.append(ChartWorker.start(validates=True))
+                alive.append(Worker.start(validates=True))
             except (OSError, ValueError):
                 break
         _validators = alive
@@ -72,11 +72,11 @@ def validate_in_worker(frame: pd.DataFrame, spec: ExpectationsSpec, suite_name: 
             payload = _encode((frame, spec, suite_name, json_schema, structured))
         try:
             answer = worker.validate(payload)
-        except ChartWorkerError:  # taken by another window meanwhile, or gone
+        except WorkerError:  # taken by another window meanwhile, or gone
             continue
         try:
             return _decode(wait_for(answer, worker, timeout=ANSWER_SECONDS))
-        except ChartWorkerError:
+        except WorkerError:
             return None
     return None
 

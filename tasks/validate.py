@@ -12,6 +12,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from batchgen.job import JobSpec
+from expectations import workers as validation_workers
 from expectations.validate import validate_rows
 
 
@@ -43,7 +44,7 @@ def validate_task(job: JobSpec, rows: pd.DataFrame, keywords: pd.Series | None, 
     """Run the GX suite; every row gets passed/failed and the expectations it failed."""
     started = time.perf_counter()
     validation = validate_rows(rows, job.expectations, keywords, suite_name=f"{job.name}-outputs",
-                               structured=job.sampling.structured)
+                               structured=job.sampling.structured, elsewhere=validation_workers.validate_in_worker)
     out = rows.reset_index(drop=True).copy()  # the verdicts are in the rows' order
     out["passed"] = validation.verdicts["passed"].to_numpy(dtype=bool)
     out["failed"] = validation.verdicts["failed"].to_list()

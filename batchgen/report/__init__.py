@@ -41,11 +41,9 @@ def load_libraries(data_docs: bool = True, charts: bool = True) -> None:
     if charts:
         load_chart_libraries()
     if data_docs:
-        import great_expectations.render.renderer.site_builder  # noqa: F401  (Data Docs' site builder)
-
         from batchgen.report import gx_views
 
-        gx_views.warm()  # GX's page templates, compiled once for the process
+        gx_views.warm()  # GX's site builder, and its page templates compiled once for the process
 
 
 def preload(chart_worker: bool = True) -> threading.Thread:

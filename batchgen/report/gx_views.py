@@ -63,8 +63,10 @@ class CachedIndexPageView(DefaultJinjaIndexPageView):
 
 
 def warm() -> None:
-    """Compile GX's page templates and stylesheets into the cache (a few tenths of a second), so that the first
-    Data Docs build of the process does not."""
+    """Import GX's site builder and compile its page templates and stylesheets into the cache (a few tenths of a
+    second), so that the first Data Docs build of the process does not."""
+    import great_expectations.render.renderer.site_builder  # noqa: F401
+
     env = CachedPageView().env
     for name in env.list_templates():  # the views' templates and the styles they render into the pages
         env.get_template(name)

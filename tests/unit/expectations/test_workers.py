@@ -10,7 +10,7 @@ import pytest
 
 import batchgen.engine
 import expectations.workers as workers
-from batchgen.report.worker import ChartWorker
+from batchgen.workers import Worker
 from expectations.validate import validate_rows
 from tests.jobs import SPEC
 from tests.unit.expectations.test_validate import CASES
@@ -18,7 +18,7 @@ from tests.unit.expectations.test_validate import CASES
 
 @pytest.fixture(scope="module")
 def validator():
-    started = ChartWorker.start(validates=True)
+    started = Worker.start(validates=True)
     assert started.ready.wait(timeout=180), "the validation worker never said it was ready"
     yield started
     started.close()
@@ -47,7 +47,8 @@ def comparable(result: dict) -> dict:
 def validate(monkeypatch, validators: list) -> object:
     monkeypatch.setattr(workers, "_validators", validators)
     rows, keywords = rows_and_keywords(40)
-    return validate_rows(rows, SPEC, keywords, suite_name="unit-workers")
+    return validate_rows(rows, SPEC, keywords, suite_name="unit-workers",
+                         elsewhere=lambda *args: workers.validate_in_worker(*args))  # as the validate task does
 
 
 def test_a_worker_gives_the_verdicts_and_result_of_an_in_process_validation(monkeypatch, validator):
@@ -74,11 +75,11 @@ def test_a_busy_or_dead_worker_leaves_the_validation_to_this_process(monkeypatch
         assert workers.validate_in_worker(prepare_frame(rows, keywords), SPEC, "unit-busy", None, None) is None
     finally:
         answer.result(timeout=120)
-    dead = ChartWorker.start(validates=True)
+    dead = Worker.start(validates=True)
     dead.kill()
     dead.process.wait(timeout=30)
     dead.ready.set()  # as if it had been ready before it died
-    monkeypatch.setattr(ChartWorker, "alive", lambda self: True)  # and died after it was looked at
+    monkeypatch.setattr(Worker, "alive", lambda self: True)  # and died after it was looked at
     after = validate(monkeypatch, [dead])
     assert here.verdicts.equals(after.verdicts) and comparable(here.result) == comparable(after.result)
 

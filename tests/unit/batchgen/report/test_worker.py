@@ -82,8 +82,8 @@ def test_the_charts_are_shared_among_the_ready_workers_each_asked_once(published
         starting.process.wait(timeout=30)
 
 
-def test_one_worker_per_four_cores_one_to_five(monkeypatch):
-    for cores, workers in ((1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (20, 5), (128, 5)):
+def test_one_worker_per_three_cores_one_to_five(monkeypatch):
+    for cores, workers in ((1, 1), (2, 1), (5, 1), (8, 2), (12, 4), (16, 5), (128, 5)):
         monkeypatch.setattr(worker_module.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
         assert worker_count() == workers
 
@@ -98,7 +98,7 @@ def test_a_publication_the_worker_cannot_read_fails_its_request_and_it_keeps_ser
 def test_one_request_at_a_time_and_none_before_the_worker_is_ready(published, worker):
     root, _, _ = published
     answer = worker.charts(root)
-    with pytest.raises(ChartWorkerError, match="drawing another report"):
+    with pytest.raises(ChartWorkerError, match="busy with another request"):
         worker.charts(root)
     wait_for(answer, worker, timeout=120)
     starting = ChartWorker.start()  # asked at once: its imports are not done
