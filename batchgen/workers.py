@@ -25,12 +25,13 @@ ANSWER_SECONDS = 300.0  # a publication's charts take about a second; a worker s
 
 
 class WorkerError(RuntimeError):
-    """The worker did not draw the charts (gone, failed, or too slow): draw them in-process."""
+    """The worker did not do the work (not ready, busy, gone, failed, or too slow): do it in-process."""
 
 
 class Worker:
-    """One child process that draws charts; one request at a time (others draw in-process meanwhile). It says
-    when its imports are done: a request before that is refused (drawn in-process, not waited for)."""
+    """One child process that draws charts, builds Data Docs (`data_docs`) or validates (`validates`); one request
+    at a time (other work meanwhile is done in-process). It says when its imports are done: a request before that
+    is refused (done in-process, not waited for)."""
 
     def __init__(self, process: subprocess.Popen, data_docs: bool = False, validates: bool = False):
         self.process = process
@@ -39,13 +40,13 @@ class Worker:
         self.ready = threading.Event()
         self._busy = threading.Lock()
         self._answer: Future | None = None
-        threading.Thread(target=self._read, name="batchgen-chart-worker", daemon=True).start()
+        threading.Thread(target=self._read, name="batchgen-worker", daemon=True).start()
 
     @classmethod
     def start(cls, data_docs: bool = False, validates: bool = False) -> Worker:
         """Start the child; it imports matplotlib and batchgen's report modules at once (with `data_docs`, GX's site
         builder too; with `validates`, GX and batchgen's suites instead of matplotlib), then waits."""
-        root = Path(__file__).resolve().parents[2]  # the folder this batchgen is imported from
+        root = Path(__file__).resolve().parents[1]  # the folder this batchgen is imported from
         # `-m` puts the child's working folder first on its path: a checkout's root, so it imports this batchgen;
         # an installed batchgen is found by the child as it is (a site-packages folder first would shadow the
         # standard library with what is installed there).

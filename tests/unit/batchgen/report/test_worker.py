@@ -207,3 +207,25 @@ def test_the_report_is_the_same_with_the_data_docs_built_by_a_worker(tmp_path, m
     pages = [without_ids((root / REPORT).read_text(encoding="utf-8")) for root in roots]
     assert pages[0] == pages[1] == pages[2]
     assert site(roots[0]) == site(roots[1]) == site(roots[2])
+
+
+def test_a_worker_starts_in_the_checkout_it_is_imported_from(monkeypatch):
+    """`python -m` puts the child's working folder first on its path: the checkout's root, so the child imports
+    this batchgen, not another one installed."""
+    from pathlib import Path
+
+    import batchgen
+    import batchgen.workers
+
+    started = {}
+
+    class Popen:
+        def __init__(self, argv, **options):
+            started.update(options, argv=argv)
+            self.stdout, self.stdin = iter(()), None
+
+    monkeypatch.setattr(batchgen.workers.subprocess, "Popen", Popen)
+    worker = ChartWorker.start(validates=True)
+    assert worker.validates and not worker.data_docs
+    assert started["argv"][1:] == ["-m", "batchgen.report.worker", "--validate"]
+    assert Path(started["cwd"]) == Path(batchgen.__file__).resolve().parents[1]
