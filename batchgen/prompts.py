@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -21,6 +20,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from batchgen.items import Rejection
 from batchgen.job import JobError, PromptSpec
+from batchgen.workers import usable_cores
 
 _ENV = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
 
@@ -289,11 +289,7 @@ def tokenize_threads() -> int:
     The Rust tokenizer releases the GIL while it encodes, so Python threads each encoding a slice of the batch run
     on as many cores. Its own thread pool (rayon) stays off where batchgen sets TOKENIZERS_PARALLELISM=false: the
     engine's processes are forked, and a pool used before a fork is unsafe in the child."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, 16))
+    return min(usable_cores(), 16)
 
 
 @functools.lru_cache(maxsize=1)

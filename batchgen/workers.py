@@ -89,6 +89,11 @@ class Worker:
         """Working on a request (its answer not read yet)."""
         return self._busy.locked()
 
+    def idle(self) -> bool:
+        """Ready for a request now: its imports done, not busy (`_ask` still refuses it if another thread took it
+        meanwhile or it is gone)."""
+        return self.ready.is_set() and not self.busy()
+
     def charts(self, run_dir: Path, which: Sequence[int] | None = None) -> Future:
         """Ask for the charts of `run_dir` (a sealed publication), all or those at the indices `which`; the future's
         result is `report_charts`'s list, or WorkerError. Raises WorkerError at once when the worker is
@@ -149,3 +154,24 @@ def wait_for(answer: Future, worker: Worker, timeout: float = ANSWER_SECONDS) ->
     except TimeoutError as exc:  # concurrent.futures.TimeoutError is TimeoutError since Python 3.11
         worker.kill()
         raise WorkerError(f"the worker gave no answer in {timeout:.0f} s") from exc
+
+
+def started_up_to(workers: list[Worker], count: int, **options: Any) -> list[Worker]:
+    """`workers` that are alive, and more started (`Worker.start(**options)`, `options` called with the workers so
+    far where it is a function) until there are `count`; as many as could be started."""
+    alive = [worker for worker in workers if worker.alive()]
+    while len(alive) < count:
+        try:
+            alive.append(Worker.start(**{name: value(alive) if callable(value) else value
+                                         for name, value in options.items()}))
+        except (OSError, ValueError, subprocess.SubprocessError):
+            break
+    return alive
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system says it), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import base64
-import os
 import pickle
 import threading
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from batchgen.job import ExpectationsSpec
-from batchgen.workers import Worker, WorkerError, wait_for
+from batchgen.workers import Worker, WorkerError, started_up_to, usable_cores, wait_for
 
 ANSWER_SECONDS = 600.0  # a window's validation takes well under a second; a worker silent this long is given up
 
@@ -32,16 +31,12 @@ _starting = threading.Lock()
 
 def wanted(windows_in_flight: int) -> int:
     """Validation workers for a run: none on CPU builds, else one per window in flight, at most one per four cores
-    this process may run on (the chart workers take as many)."""
+    this process may run on (the report's workers take one per three)."""
     from batchgen.engine import on_cpu
 
     if on_cpu():
         return 0
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(0, min(windows_in_flight, cores // 4))
+    return max(0, min(windows_in_flight, usable_cores() // 4))
 
 
 def start_validation_workers(count: int) -> list[Worker]:
@@ -49,14 +44,8 @@ def start_validation_workers(count: int) -> list[Worker]:
     be started."""
     global _validators
     with _starting:
-        alive = [worker for worker in _validators if worker.alive()]
-        while len(alive) < count:
-            try:
-                alive.append(Worker.start(validates=True))
-            except (OSError, ValueError):
-                break
-        _validators = alive
-        return list(alive)
+        _validators = started_up_to(_validators, count, validates=True)
+        return list(_validators)
 
 
 def validate_in_worker(frame: pd.DataFrame, spec: ExpectationsSpec, suite_name: str,
@@ -66,7 +55,7 @@ def validate_in_worker(frame: pd.DataFrame, spec: ExpectationsSpec, suite_name: 
     caller validates in-process)."""
     payload = None
     for worker in list(_validators):
-        if not worker.ready.is_set() or worker.busy():
+        if not worker.idle():
             continue
         if payload is None:
             payload = _encode((frame, spec, suite_name, json_schema, structured))

@@ -16,13 +16,13 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import subprocess
 import sys
 import threading
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from batchgen.workers import started_up_to, usable_cores
 from batchgen.workers import wait_for  # noqa: F401  (the report waits on the workers' answers with it)
 from batchgen.workers import Worker as ChartWorker
 from batchgen.workers import WorkerError as ChartWorkerError
@@ -35,11 +35,7 @@ def worker_count() -> int:
     waiting 0.14-0.30 s for its charts after the Data Docs were done."""
     from batchgen.report.charts import CHART_COUNT
 
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(CHART_COUNT + 1, cores // 3))
+    return max(1, min(CHART_COUNT + 1, usable_cores() // 3))
 
 
 _workers: list[ChartWorker] = []
@@ -51,15 +47,9 @@ def start_workers(count: int | None = None) -> list[ChartWorker]:
     runs); those that could be started (none where no child process can be started here)."""
     global _workers
     wanted = worker_count() if count is None else count
-    with _starting:
-        alive = [worker for worker in _workers if worker.alive()]
-        while len(alive) < wanted:
-            try:  # the first builds the Data Docs too
-                alive.append(ChartWorker.start(data_docs=not any(worker.data_docs for worker in alive)))
-            except (OSError, ValueError, subprocess.SubprocessError):
-                break
-        _workers = alive
-        return list(alive)
+    with _starting:  # the first builds the Data Docs too
+        _workers = started_up_to(_workers, wanted, data_docs=lambda alive: not any(w.data_docs for w in alive))
+        return list(_workers)
 
 
 def running_workers() -> list[ChartWorker]:
@@ -73,7 +63,7 @@ def ask_for_charts(run_dir: Path, workers: list[ChartWorker]) -> list[tuple[Char
     ready, busy, gone) is left out: its charts are for the caller to draw."""
     from batchgen.report.charts import CHART_COUNT
 
-    ready = [worker for worker in workers if worker.ready.is_set() and not worker.busy()]
+    ready = [worker for worker in workers if worker.idle()]
     if not ready:
         return []
     by_cost = [1, 2, 3, 0][:CHART_COUNT]  # lengths (a histogram), expectations, throughput, finish reasons
@@ -92,7 +82,7 @@ def ask_for_data_docs(run_dir: Path, workers: list[ChartWorker], validation: lis
     """Ask the ready, idle worker that builds Data Docs for those of `run_dir` (`ChartWorker.build_data_docs`);
     None where there is none (the caller builds them in-process)."""
     for worker in workers:
-        if worker.data_docs and worker.ready.is_set() and not worker.busy():
+        if worker.data_docs and worker.idle():
             try:
                 return worker, worker.build_data_docs(run_dir, validation, started_at)
             except ChartWorkerError:

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 import batchgen.engine
+import batchgen.workers
 import expectations.workers as workers
 from batchgen.workers import Worker
 from expectations.validate import validate_rows
@@ -89,5 +90,5 @@ def test_validation_workers_run_only_on_accelerators_one_per_window_in_flight(mo
     assert workers.wanted(3) == 0
     monkeypatch.setattr(batchgen.engine, "on_cpu", lambda: False)
     for cores, in_flight, count in ((16, 3, 3), (8, 3, 2), (2, 3, 0), (64, 1, 1)):
-        monkeypatch.setattr(workers.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        monkeypatch.setattr(batchgen.workers.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
         assert workers.wanted(in_flight) == count

@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 import batchgen.report.worker as worker_module
+import batchgen.workers
 from batchgen.report import DATA_DOCS, REPORT, write_report, write_report_and_markdown
 from batchgen.report.datadocs import build_data_docs
 from batchgen.report.charts import report_charts
@@ -84,7 +85,7 @@ def test_the_charts_are_shared_among_the_ready_workers_each_asked_once(published
 
 def test_one_worker_per_three_cores_one_to_five(monkeypatch):
     for cores, workers in ((1, 1), (2, 1), (5, 1), (8, 2), (12, 4), (16, 5), (128, 5)):
-        monkeypatch.setattr(worker_module.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        monkeypatch.setattr(batchgen.workers.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
         assert worker_count() == workers
 
 
