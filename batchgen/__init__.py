@@ -15,12 +15,6 @@ for _name, _value in (
 ):
     _os.environ.setdefault(_name, _value)
 
-# glibc's malloc arenas capped at one per core before Prefect's, vLLM's and the run's threads make theirs
-# (batchgen/host.py: freed windows' memory is reused instead of kept per thread)
-from batchgen.host import cap_arenas as _cap_arenas  # noqa: E402
-
-_cap_arenas()
-
 
 def _vllm_logging() -> None:
     """vLLM applies a logging.config.dictConfig when an engine starts. Inside a Prefect run that flushes Prefect's
