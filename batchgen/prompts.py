@@ -20,7 +20,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from batchgen.items import Rejection
 from batchgen.job import JobError, PromptSpec
-from batchgen.host import usable_cores
+from batchgen.workers import usable_cores
 
 _ENV = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
 

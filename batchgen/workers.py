@@ -167,3 +167,11 @@ def started_up_to(workers: list[Worker], count: int, **options: Any) -> list[Wor
         except (OSError, ValueError, subprocess.SubprocessError):
             break
     return alive
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system says it), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1

@@ -21,8 +21,7 @@ from typing import Any
 import pandas as pd
 
 from batchgen.job import ExpectationsSpec
-from batchgen.host import usable_cores
-from batchgen.workers import Worker, WorkerError, started_up_to, wait_for
+from batchgen.workers import Worker, WorkerError, started_up_to, usable_cores, wait_for
 
 ANSWER_SECONDS = 600.0  # a window's validation takes well under a second; a worker silent this long is given up
 

@@ -22,7 +22,6 @@ from prefect import flow
 from prefect.utilities.annotations import quote
 from pydantic import Field, WithJsonSchema
 
-from batchgen.host import arrow_on_system_allocator
 from batchgen.gcheap import frozen_heap
 from batchgen.generation import first_pass_requests
 from batchgen.heartbeat import heartbeats, quick_heartbeat
@@ -83,7 +82,6 @@ def batch_generation(
     started_at = datetime.now(timezone.utc)
     with heartbeats(), frozen_heap():  # batchgen/gcheap.py: collections walk the run's objects only
         spec = resolve_job(job, limit, max_tokens, output_dir, overrides, temperature)
-        arrow_on_system_allocator()  # freed windows' tables go back to malloc, not a pool's own (batchgen/host.py)
         check_job_task(spec)  # a job mistake stops here, before the engine starts
         # on an accelerator, GX validates in worker processes (their imports take seconds: started now)
         start_validation_workers(validation_workers(windows_in_flight(spec)))

@@ -22,8 +22,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from batchgen.host import usable_cores
-from batchgen.workers import started_up_to
+from batchgen.workers import started_up_to, usable_cores
 from batchgen.workers import wait_for  # noqa: F401  (the report waits on the workers' answers with it)
 from batchgen.workers import Worker as ChartWorker
 from batchgen.workers import WorkerError as ChartWorkerError

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("batchgen", "expectations", "tasks", "flows", "deployments")
-BOTTOM = {"batchgen", "batchgen.host", "batchgen.job", "batchgen.records", "batchgen.files", "batchgen.urls",
+BOTTOM = {"batchgen", "batchgen.job", "batchgen.records", "batchgen.files", "batchgen.urls",
           "batchgen.gx_expectations", "batchgen.gx_results", "batchgen.vllm_sampling"}
 LAYERS = [("bottom", lambda m: m in BOTTOM), ("cli", lambda m: m == "batchgen.cli"),
           ("report", lambda m: m.startswith("batchgen.report")), ("batchgen", lambda m: m.startswith("batchgen.")),
