@@ -21,7 +21,8 @@ with prefect_test_harness(server_startup_timeout=120):
     fb.batch_generation(bench.bench_job(bench.write_products(work / "w.csv", 8), work / "ow", 16))
     for rep in range(reps):
         for per in ((2, 8) if rep % 2 == 0 else (8, 2)):
-            fb.in_parallel = lambda work_, items, workers, per=per: orig_ip(work_, items, workers=per * 3)
+            fb.in_parallel = lambda work_, items, workers, started=None, per=per: orig_ip(work_, items, workers=per * 3,
+                                                                                        started=started)
             out = work / f"out-{rep}-{per}"
             t = time.perf_counter()
             m = fb.batch_generation(job.model_copy(update={"output": job.output.model_copy(update={"dir": str(out)})}))

@@ -182,6 +182,49 @@ def test_windows_in_their_retries_do_not_keep_the_next_ones_from_a_free_place():
     assert window_workers(1) == WINDOWS_HELD_PER_PLACE  # on CPU builds too: one place, its windows' retries beside
 
 
+def test_window_threads_are_made_as_windows_take_their_places_not_all_at_once():
+    feeding, lock = FeedingWindows(2), threading.Lock()
+    fed: list[int] = []
+    threads: set[int] = set()
+
+    def window(index: int) -> None:
+        with feeding.slot(index) as first_pass_done:
+            with lock:
+                fed.append(index)
+                threads.add(threading.get_ident())
+            first_pass_done()
+
+    in_parallel(window, list(range(1, 9)), workers=16, started=lambda index, timeout: feeding.taken(index, timeout))
+    assert fed == list(range(1, 9))
+    # each window is handed on once the one before it has its place, so a thread that has finished its window
+    # takes the next: a few threads, where handing all eight at once made eight
+    assert len(threads) <= 4
+
+
+def test_a_window_that_fails_before_its_place_stops_the_rest_without_waiting_for_it():
+    feeding, ran = FeedingWindows(2), []
+
+    def window(index: int) -> None:
+        if index == 2:
+            raise ValueError("window 2 failed before its place")
+        with feeding.slot(index):
+            ran.append(index)
+
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="before its place"):
+        in_parallel(window, [1, 2, 3, 4, 5], workers=8, started=lambda index, timeout: feeding.taken(index, timeout))
+    assert ran == [1]  # the windows after it never started
+    assert time.monotonic() - started < 5
+
+
+def test_a_windows_place_taken_is_seen_by_the_hand_on():
+    feeding = FeedingWindows(1)
+    assert not feeding.taken(1, 0.01)
+    with feeding.slot(1):
+        assert feeding.taken(1, 0.01)
+        assert not feeding.taken(2, 0.01)
+
+
 class Validations:
     """flows.batch_generation.validate_task stood in: records the attempts each call validated (pure logic here;
     the flow's validation on the real engine: tests/e2e/test_engine_end_to_end.py)."""
