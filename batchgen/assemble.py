@@ -128,8 +128,10 @@ def assemble(
         fields.append("lora")  # the adapter that wrote each output (engine.lora, engine.lora_column)
     extra = structured_columns(sampling.json_schema)
     fields += extra
-    inputs = dict(zip(items["item_id"], records(items, columns)))
-    numbers = dict(zip(items["item_id"], items["row_number"]))
+    # whole columns as Python lists: iterating an Arrow-backed column value by value costs several times more
+    item_ids = items["item_id"].tolist()
+    inputs = dict(zip(item_ids, records(items, columns)))
+    numbers = dict(zip(item_ids, items["row_number"].tolist()))
     accepted: list[dict[str, Any]] = []
     rejected: list[Rejection] = list(early_rejections)
     generated = set()
@@ -151,7 +153,9 @@ def assemble(
             for published in (records(passing.get_group(item_id)) if every else [chosen]):
                 row = {**base, **{f: published[f] for f in copied}}
                 row.update(n_candidates=n_candidates, n_passing=int(chosen["_n_passing"]),
-                           selection=sampling.selection, **structured_values(published["text"], extra))
+                           selection=sampling.selection)
+                if extra:  # a structured output's fields (json_schema): the text parsed only then
+                    row.update(structured_values(published["text"], extra))
                 accepted.append(row)
         else:
             reasons = list(chosen["failed"])
@@ -162,7 +166,7 @@ def assemble(
                 candidate=chosen["candidate"], attempt=chosen["attempt"], text=chosen["text"],
                 finish_reason=chosen["finish_reason"], n_output_tokens=chosen["n_output_tokens"]))
     early_ids = {r.item_id for r in early_rejections}
-    for item_id in items["item_id"]:
+    for item_id in item_ids:
         if item_id not in generated and item_id not in early_ids:
             rejected.append(Rejection(item_id, numbers[item_id], "generate", ["not_generated"],
                                       "the engine returned no output", inputs[item_id]))
@@ -177,12 +181,12 @@ def assemble(
 def check_exactly_once(items: pd.DataFrame, early_rejections: list[Rejection], result: Assembled) -> None:
     """Every item is accepted or rejected, once. With selection `all` an accepted item has one results row per
     published candidate: it counts once, and no candidate twice."""
-    expected = set(items["item_id"]) | {r.item_id for r in early_rejections}
+    expected = set(items["item_id"].tolist()) | {r.item_id for r in early_rejections}
     rows = result.accepted[["item_id", "candidate"]]
     if rows.duplicated().any():
         twice = rows[rows.duplicated()]
         raise LostItemsError(f"candidates published twice: {list(map(tuple, twice.to_numpy()[:5]))}")
-    published = list(dict.fromkeys(result.accepted["item_id"])) + list(result.rejected["item_id"])
+    published = list(dict.fromkeys(result.accepted["item_id"].tolist())) + result.rejected["item_id"].tolist()
     duplicates = {i for i, count in Counter(published).items() if count > 1}
     missing = expected - set(published)
     extra = set(published) - expected

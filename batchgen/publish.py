@@ -77,8 +77,109 @@ def mirror_name(name: str) -> str:
 
 
 def _jsonl(table: pa.Table) -> str:
-    """The table as JSON lines, a row each, by orjson (5-10x faster than json here): UTF-8 as is, NaN as null,
-    times and what else JSON has no type for as their str() (as json's default=str wrote them).
+    """The table as JSON lines, a row each: UTF-8 as is, NaN as null, times and what else JSON has no type for as
+    their str() (as json's default=str wrote them).
+
+    Written by Polars (`_jsonl_by_polars`) where every column is of a type it writes as orjson does, else by orjson
+    (`_jsonl_by_orjson`); the same bytes either way (tests/unit/batchgen/test_publish.py)."""
+    lines = _jsonl_by_polars(table)
+    return lines if lines is not None else _jsonl_by_orjson(table)
+
+
+def _polars_writes(kind: pa.DataType, top: bool = True) -> bool:
+    """Whether Polars' JSON writer renders a column of this type as `_jsonl_by_orjson` does: text, integers,
+    booleans, 64-bit floats (NaN and infinities as null, the shortest repr), nulls, and lists and structs of those;
+    a time at the top level, which `_jsonl_by_polars` turns into its str() first. Not 32-bit floats (Python widens
+    them: 0.1 is 0.10000000149011612), maps, binary, decimals, dictionaries, nor anything else untried."""
+    if pa.types.is_temporal(kind):
+        return top
+    if (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind)
+            or pa.types.is_boolean(kind) or pa.types.is_float64(kind) or pa.types.is_null(kind)):
+        return True
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _polars_writes(kind.value_type, top=False)
+    if pa.types.is_struct(kind):
+        return kind.num_fields > 0 and all(_polars_writes(kind.field(i).type, top=False)
+                                           for i in range(kind.num_fields))
+    return False
+
+
+def _polars() -> Any:
+    """The polars module, or None where it is not installed or its writer renders a probe of the types it is
+    given (`_polars_writes`) otherwise than orjson (another Polars release): the orjson path is used then."""
+    global _POLARS
+    with _POLARS_LOCK:
+        if _POLARS is False:
+            try:
+                import polars
+
+                probe = _polars_probe()
+                if polars.from_arrow(probe).write_ndjson() != _jsonl_by_orjson(probe):
+                    polars = None
+            except Exception:  # noqa: BLE001  (not installed, or not working here: orjson writes the lines)
+                polars = None
+            _POLARS = polars
+    return _POLARS
+
+
+_POLARS: Any = False  # not looked up yet
+_POLARS_LOCK = threading.Lock()
+
+
+def _polars_probe() -> pa.Table:
+    """Values at the edges of what `_polars_writes` lets Polars write."""
+    position = pa.struct([("token_id", pa.int32()), ("token", pa.string()), ("logprob", pa.float64())])
+    return pa.table({
+        "f": pa.array([0.1, 1e-7, 1e21, -0.0, 1 / 3, 5e-324, float("nan"), float("-inf"), None], pa.float64()),
+        "s": pa.array(['"q" \\ /', "ü 中 😀", "\x00\x1f\x7f", "\n\t\u2028", "</s>", "", None, "a", "b"]),
+        "i": pa.array([2**63 - 1, -2**63, 0, None, 1, 2, 3, 4, 5], pa.int64()),
+        "u": pa.array([2**64 - 1, 0, None, 1, 2, 3, 4, 5, 6], pa.uint64()),
+        "b": pa.array([True, False, None] * 3),
+        "l": pa.array([[1, None], [], None, [2**31 - 1], [0], [1], [2], [3], [4]], pa.list_(pa.int32())),
+        "p": pa.array([[[{"token_id": 1, "token": 'a"', "logprob": -0.5}]], None, [[]], [], None, None, None, None,
+                       None], pa.list_(pa.list_(position))),
+    })
+
+
+def _write_jsonl(table: pa.Table, path: Path) -> None:
+    """The table's JSON lines (`_jsonl`) into a file, atomically, not synced (a window's part: commit syncs the
+    joined tables); Polars writes the file itself where it writes the lines."""
+    with replaced(path, sync=False) as tmp:
+        if _jsonl_by_polars(table, tmp) is None:
+            tmp.write_text(_jsonl_by_orjson(table), encoding="utf-8")
+
+
+def _jsonl_by_polars(table: pa.Table, path: Path | None = None) -> str | None:
+    """The JSON lines as Polars' writer makes them (written into `path` if given: then ""), or None where a column
+    is of a type it may write otherwise (`_polars_writes`) or Polars is not installed. Its writer runs in Rust
+    threads without the interpreter's lock: a window's attempts table (1,824 rows) took 9.4 us per row of the
+    interpreter by orjson, 0.6 by Polars, so the other windows' threads go on meanwhile."""
+    if not all(_polars_writes(field.type) for field in table.schema) or \
+            len(set(table.column_names)) != table.num_columns:
+        return None
+    polars = _polars()
+    if polars is None:
+        return None
+    columns = []
+    for field, column in zip(table.schema, table.columns):
+        if pa.types.is_temporal(field.type):  # str() of each distinct value, as _json_values makes it
+            coded = column.combine_chunks().dictionary_encode()
+            labels = pa.array([None if value is None else str(value) for value in coded.dictionary.to_pylist()],
+                              pa.string())
+            column = labels.take(coded.indices)
+        columns.append(column)
+    try:
+        frame = polars.from_arrow(pa.Table.from_arrays(columns, names=table.column_names))
+        if path is None:
+            return frame.write_ndjson()
+        frame.write_ndjson(path)  # by Rust, into the file: no Python buffer to write into, under the lock
+        return ""
+    except Exception:  # noqa: BLE001  (a type Polars does not take after all: orjson writes the lines)
+        return None
+
+
+def _jsonl_by_orjson(table: pa.Table) -> str:
+    """The JSON lines by orjson (5-10x faster than json here).
 
     Column by column (`_json_values`) rather than by `Table.to_pylist`: lists of integers (token ids) go to orjson
     as NumPy views of the column's buffer, not as a Python int each, and a time column's str() is made once per
@@ -465,7 +566,7 @@ class Publication:
             # A part is not kept after a crash: no fsync (commit syncs the joined tables).
             part = _part(parts, name, index)
             if self.jsonl:  # its JSON lines now, while the engine works on later windows, not all at seal
-                write_text(_jsonl(table), part.with_suffix(".jsonl"), sync=False)
+                _write_jsonl(table, part.with_suffix(".jsonl"))
             write_atomic(table, part.with_suffix(".parquet"), sync=False)
         schemas = {name: pq.read_schema(_part(parts, name, index).with_suffix(".parquet")) for name in tables}
         with self._lock:

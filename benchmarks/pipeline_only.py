@@ -4,12 +4,15 @@
     python -m benchmarks.pipeline_only 20000 100000 200000 --out benchmarks/results/pipeline-only
     python -m benchmarks.pipeline_only 20000 --add-to benchmarks/results/gpu-h200   # a section of latest.json
     python -m benchmarks.pipeline_only 20000 --profile /tmp/pipeline-profile        # pyinstrument, per size
+    python -m benchmarks.pipeline_only 20000 --stop-percent 90                      # most rows accepted
 
 Runs the real flow (`flows.batch_generation.batch_generation` under a temporary Prefect server:
 loading, prompt building with the real tokenizer, GX validation, window staging, publishing and
 the report) with the engine stood in by benchmarks/standin.py, which answers every request at once
-with `--max-tokens` tokens (default 4), cut off. What is left is the pipeline's own work: the
-figure the engine's throughput must not be held back by. Each size runs in a process of its own
+with `--max-tokens` tokens (default 4), cut off, so every row is rejected; `--stop-percent 90` makes
+90% of the outputs end by a stop instead (and drops the job's keyword expectation, which the stand-in's
+words never meet), so they are accepted as most of a real job's are. What is left is the pipeline's own
+work: the figure the engine's throughput must not be held back by. Each size runs in a process of its own
 after a warm-up run of 8 items (one-time costs: imports, GX, Prefect, the tokenizer); items/s is
 items over the wall time of the measured `batch_generation` call. Also recorded per size: peak RSS
 of the process (ru_maxrss) and above its RSS after the warm-up, the manifest's timings, and the
@@ -152,9 +155,16 @@ def cpu_seconds() -> dict[str, float]:
     return spent
 
 
-def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight: int | None = None) -> dict[str, Any]:
+def _expectations(stop_percent: int) -> dict[str, dict[str, Any]] | None:
+    """The job's expectations with outputs that stop: no keyword (the stand-in's words never name the product)."""
+    return {"expectations": {"keyword_column": None}} if stop_percent else None
+
+
+def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight: int | None = None,
+            stop_percent: int = 0) -> dict[str, Any]:
     """One size, in this process: a warm-up run of 8 items, then the measured run of n items; `in_flight`: the
-    jobs' windows_in_flight (default: the flow's own, 1 on CPU builds; 3 is what a GPU runs with)."""
+    jobs' windows_in_flight (default: the flow's own, 1 on CPU builds; 3 is what a GPU runs with); `stop_percent`:
+    outputs that end by a stop (`--stop-percent`)."""
     from benchmarks import run as bench
 
     bench.set_environment()
@@ -164,16 +174,18 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
     import batchgen.engine
     from benchmarks.standin import StandInLLM, install
 
-    llm = StandInLLM()
+    llm = StandInLLM(stop_percent=stop_percent)
     engine = install(llm)  # before the flow is imported
     from flows.batch_generation import batch_generation
 
     work = Path(tempfile.mkdtemp(prefix="batchgen-pipeline-only-"))
     try:
         products = bench.write_products(work / "products.csv", n)  # before the clock: input, not pipeline work
-        job = bench.bench_job(products, work / "out", max_tokens).model_copy(update={"windows_in_flight": in_flight})
+        job = bench.bench_job(products, work / "out", max_tokens, extra=_expectations(stop_percent)).model_copy(
+            update={"windows_in_flight": in_flight})
         with prefect_test_harness(server_startup_timeout=120):
-            warm = bench.bench_job(bench.write_products(work / "warm.csv", 8), work / "out-warm", max_tokens)
+            warm = bench.bench_job(bench.write_products(work / "warm.csv", 8), work / "out-warm", max_tokens,
+                                   extra=_expectations(stop_percent))
             warm = warm.model_copy(update={"windows_in_flight": in_flight})
             batch_generation(warm)
             llm.reset_counts()
@@ -214,6 +226,7 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
         "published": published,
         "window_size": job.window_size,
         "windows_in_flight": in_flight,
+        "stop_percent": stop_percent,
         "engine": {"stream": getattr(engine, "stream", None) is not None, "calls": llm.calls,
                    "generate_calls": llm.generate_calls, "requests_added": llm.llm_engine.added,
                    "steps": llm.llm_engine.steps},
@@ -254,13 +267,14 @@ def tokenizer_ceiling(job: Any) -> dict[str, Any]:
 
 
 def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None,
-              in_flight: int | None = None) -> dict[str, Any]:
+              in_flight: int | None = None, stop_percent: int = 0) -> dict[str, Any]:
     """Each size in a fresh process (peaks are per process); the section's figures."""
     from benchmarks import run as bench
 
     command = "python -m benchmarks.pipeline_only " + " ".join(map(str, sizes))
     result: dict[str, Any] = {"command": command, "started_at": datetime.now(timezone.utc).isoformat(),
-                              "max_tokens": max_tokens, "target_items_per_s": TARGET_ITEMS_PER_S,
+                              "max_tokens": max_tokens, "stop_percent": stop_percent,
+                              "target_items_per_s": TARGET_ITEMS_PER_S,
                               "loadavg_at_start": [round(x, 2) for x in os.getloadavg()], "sizes": {}}
     for n in sizes:
         argv = [sys.executable, "-m", "benchmarks.pipeline_only", "--one", str(n), "--max-tokens", str(max_tokens)]
@@ -268,6 +282,8 @@ def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None
             argv += ["--profile", str(profile_dir)]
         if in_flight is not None:
             argv += ["--windows-in-flight", str(in_flight)]
+        if stop_percent:
+            argv += ["--stop-percent", str(stop_percent)]
         bench.log(f"pipeline only: the flow on {n} items, engine stood in")
         done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
         if done.returncode:
@@ -317,15 +333,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, help="profile each measured run with pyinstrument into DIR")
     parser.add_argument("--windows-in-flight", type=int, help="windows worked on at once (default: the flow's own; "
                         "a GPU runs 3)")
+    parser.add_argument("--stop-percent", type=int, default=0, help="percent of the outputs that end by a stop (by "
+                        "a hash of the request id; the job's keyword expectation is dropped, so they are accepted), "
+                        "the others cut off (default 0: every row rejected, as before)")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: measure one size, print one line
     args = parser.parse_args(argv)
     if args.one is not None:
-        print(json.dumps(measure(args.one, args.max_tokens, args.profile, args.windows_in_flight)), flush=True)
+        print(json.dumps(measure(args.one, args.max_tokens, args.profile, args.windows_in_flight,
+                                 args.stop_percent)), flush=True)
         return 0
     sizes = sorted(set(args.sizes)) or DEFAULT_SIZES
     if any(n < 1 for n in sizes) or args.max_tokens < 1:
         parser.error("sizes and --max-tokens must be positive")
-    result = run_sizes(sizes, args.max_tokens, args.profile, args.windows_in_flight)
+    if not 0 <= args.stop_percent <= 100:
+        parser.error("--stop-percent must be between 0 and 100")
+    result = run_sizes(sizes, args.max_tokens, args.profile, args.windows_in_flight, args.stop_percent)
     if args.out is not None:
         write_page(result, args.out)
     if args.add_to is not None:

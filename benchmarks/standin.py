@@ -41,13 +41,17 @@ def _params_values(params: Any) -> tuple[int, int]:
     return max(1, int(max_tokens)), max(1, int(getattr(params, "n", 1) or 1))
 
 
-def finished_output(request_id: str, prompt_token_ids: list[int], max_tokens: int, n: int) -> SimpleNamespace:
-    """A RequestOutput-shaped answer: n completions of max_tokens tokens each, cut off by max_tokens."""
+def finished_output(request_id: str, prompt_token_ids: list[int], max_tokens: int, n: int,
+                    stop_percent: int = 0) -> SimpleNamespace:
+    """A RequestOutput-shaped answer: n completions of max_tokens tokens each, cut off by max_tokens; with
+    `stop_percent`, that share of the requests (by a hash of the request id) ends by a stop instead (the same
+    tokens, finish_reason "stop"), as most of a real job's outputs do."""
     token_ids, text = _answer(max_tokens)
+    finish = "stop" if stop_percent and zlib.crc32(request_id.encode()) % 100 < stop_percent else "length"
     return SimpleNamespace(
         request_id=request_id, finished=True, prompt_token_ids=prompt_token_ids,
         outputs=[SimpleNamespace(index=index, token_ids=list(token_ids), text=text,
-                                 cumulative_logprob=-0.5 * max_tokens, finish_reason="length", stop_reason=None,
+                                 cumulative_logprob=-0.5 * max_tokens, finish_reason=finish, stop_reason=None,
                                  logprobs=None)
                  for index in range(n)])
 
@@ -61,10 +65,11 @@ def _prompt_ids(prompt: Any) -> list[int]:
 class StandInEngine:
     """vLLM's LLMEngine surface: requests go in with add_request, and the next step() returns them all finished."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop_percent: int = 0) -> None:
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[list[int], int, int]] = {}  # request id -> (prompt ids, max_tokens, n)
         self.added = self.steps = self.busy_steps = self.aborted = 0
+        self.stop_percent = stop_percent  # outputs that end by a stop (finished_output)
 
     def add_request(self, request_id: str, prompt: Any, params: Any, *args: Any, **kwargs: Any) -> str:
         if not isinstance(request_id, str):
@@ -82,7 +87,8 @@ class StandInEngine:
             pending, self._pending = self._pending, {}
             self.steps += 1
             self.busy_steps += bool(pending)
-        return [finished_output(rid, ids, max_tokens, n) for rid, (ids, max_tokens, n) in pending.items()]
+        return [finished_output(rid, ids, max_tokens, n, self.stop_percent)
+                for rid, (ids, max_tokens, n) in pending.items()]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._pending)
@@ -207,8 +213,8 @@ class StandInLLM:
     """vllm.LLM's surface used by the flow; holds nothing between calls. `engine`: its llm_engine (a StandInEngine
     unless given)."""
 
-    def __init__(self, engine: StandInEngine | None = None) -> None:
-        self.llm_engine = engine if engine is not None else StandInEngine()
+    def __init__(self, engine: StandInEngine | None = None, stop_percent: int = 0) -> None:
+        self.llm_engine = engine if engine is not None else StandInEngine(stop_percent)
         self.generate_calls = 0
         self._ids = itertools.count()
 
@@ -226,8 +232,8 @@ class StandInLLM:
         self.generate_calls += 1
         prompts = [prompts] if isinstance(prompts, dict) else list(prompts)
         params = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(prompts)
-        return [finished_output(str(next(self._ids)), _prompt_ids(prompt), *_params_values(p))
-                for prompt, p in zip(prompts, params)]
+        return [finished_output(str(next(self._ids)), _prompt_ids(prompt), *_params_values(p),
+                                self.llm_engine.stop_percent) for prompt, p in zip(prompts, params)]
 
     def get_tokenizer(self) -> Any:
         from batchgen.models import default_model_path

@@ -43,7 +43,7 @@ def prepare_frame(rows: pd.DataFrame, keywords: pd.Series | None) -> pd.DataFram
         wanted = rows["item_id"].map(keywords)
         frame["keyword_present"] = [
             isinstance(k, str) and bool(k) and k.casefold() in t.casefold()
-            for k, t in zip(wanted, rows["text"])
+            for k, t in zip(wanted.tolist(), rows["text"].tolist())
         ]
     return frame.reset_index(drop=True)
 

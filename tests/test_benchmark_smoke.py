@@ -129,6 +129,20 @@ def test_pipeline_only_benchmark_reports_items_per_second_and_publishes_every_it
     assert "| 50 |" in page and "Tokenizer alone: the same 50 chat-templated prompts" in page
 
 
+def test_pipeline_only_benchmark_with_outputs_that_stop_publishes_most_rows_as_accepted(tmp_path):
+    """--stop-percent 90: that share of the stand-in's outputs end by a stop and pass the job's checks (a real job's
+    path through choosing, the accepted table and its JSON lines); the rest are cut off and rejected."""
+    out = tmp_path / "results"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.pipeline_only", "200", "--stop-percent", "90", "--out",
+                           str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    figures = json.loads((out / "latest.json").read_text(encoding="utf-8"))["sizes"]["200"]
+    assert figures["stop_percent"] == 90
+    assert 150 <= figures["accepted"] < 200 and figures["accepted"] + figures["rejected"] == 200
+    assert figures["published"]["distinct_item_ids"] == 200
+
+
 def test_load_benchmark_reads_every_row_and_stops_at_the_limit(tmp_path):
     for extra, items in (([], 300), (["--limit", "20"], 20), (["--hashed"], 300)):
         out = tmp_path / f"load{len(extra)}.json"

@@ -111,7 +111,9 @@ def _attempt_aggregates(path: Path, started: datetime | None) -> tuple[pd.DataFr
         frame = batch.to_pandas()
         if frame.empty:
             continue
-        finish.update(zip(frame["attempt"].astype(int), frame["finish_reason"].fillna("unknown")))
+        counted = pd.DataFrame({"attempt": frame["attempt"].astype(int).to_numpy(),
+                                "finish_reason": frame["finish_reason"].astype(object).fillna("unknown").to_numpy()})
+        finish.update({key: int(count) for key, count in counted.groupby(["attempt", "finish_reason"]).size().items()})
         if "chunk_finished_at" not in frame:
             continue
         timed = frame.dropna(subset=["chunk_finished_at"])

@@ -144,7 +144,7 @@ def test_crash_at_any_step_leaves_the_previous_publication(tmp_path, monkeypatch
     if step == "results":  # in the middle of writing the accepted table
         monkeypatch.setattr(publishing.pq.ParquetWriter, "write_table", boom)
     elif step == "jsonl mirror":
-        monkeypatch.setattr(publishing, "_jsonl", boom)
+        monkeypatch.setattr(publishing, "_write_jsonl", boom)  # a window's part of the mirror
     elif step == "manifest":
         real = files.write_text
         monkeypatch.setattr(publishing, "write_text",
@@ -261,6 +261,85 @@ def test_json_lines_rendered_by_column_are_the_rows_as_they_are():
         assert publishing._jsonl(case) == _jsonl_row_by_row(case)
     assert publishing._jsonl(table).splitlines()[0].startswith(
         '{"item_id":"a","token_ids":[1,2,3],"wide_ids":[1099511627776]')
+
+
+def test_json_lines_written_by_polars_are_the_rows_as_they_are(tmp_path):
+    """Where every column is of a type Polars writes as orjson does, Polars writes the lines (without the
+    interpreter's lock), and they are the bytes of the plain row-by-row render: floats at their edges (NaN and
+    infinities as null, exponents, -0.0), text needing escapes, every integer width, nulls, lists, lists of
+    structs as logprobs are, times, odd column names, several chunks and slices."""
+    import datetime as dt
+
+    utc = dt.timezone.utc
+    floats = [0.1, 1e-7, 1e21, 1.5e300, -0.0, 1 / 3, 5e-324, float("nan"), float("inf"), float("-inf"), None, 1e16]
+    text = ["plain", "ünïcödé", "中文 描述", "emoji 😀", 'quote " and \\ backslash', "ctl \x00\x01\x1f\x7f",
+            "line\nbreak\ttab\r", "\u2028\u2029", "</script>", "", None, "/slash"]
+    n = len(floats)
+    position = pa.struct([("token_id", pa.int32()), ("token", pa.string()), ("logprob", pa.float64()),
+                          ("rank", pa.int32())])
+    table = pa.table({
+        "score": pa.array(floats, pa.float64()),
+        "text": pa.array(text, pa.string()),
+        "wide text": pa.array(text, pa.large_string()),
+        "ünï \"key\"": pa.array(range(n), pa.int8()),
+        "int64": pa.array([2**63 - 1, -2**63, None] + list(range(n - 3)), pa.int64()),
+        "uint64": pa.array([2**64 - 1, 0, None] + list(range(n - 3)), pa.uint64()),
+        "flag": pa.array([True, False, None] * (n // 3), pa.bool_()),
+        "nothing": pa.nulls(n),
+        "token_ids": pa.array([[1, 2, 3], None, [], [2**31 - 1, -5], [None, 4]] + [[7]] * (n - 5),
+                              pa.list_(pa.int32())),
+        "nested": pa.array([[[1], [2, 3]], None, [[]], [[4]], [None]] + [[]] * (n - 5),
+                           pa.large_list(pa.list_(pa.int64()))),
+        "failed": pa.array([["truncated", "keyword"], [], None, ["ü"]] + [[]] * (n - 4), pa.list_(pa.string())),
+        "logprobs": pa.array([[[{"token_id": 1, "token": 'a"\n', "logprob": -0.123, "rank": 1},
+                                {"token_id": 2, "token": None, "logprob": float("-inf"), "rank": None}]], None, [],
+                              [[]]] + [None] * (n - 4), pa.list_(pa.list_(position))),
+        "input": pa.array([{"a": 1, "b": "x"}, None, {"a": None, "b": None}] * (n // 3),
+                          pa.struct([("a", pa.int64()), ("b", pa.string())])),
+        "finished_at": pa.array([dt.datetime(2026, 12, 4, 2, 52, 28, 689749, tzinfo=utc), None] * (n // 2),
+                                pa.timestamp("us", tz="UTC")),
+        "local": pa.array([dt.datetime(2026, 12, 4, 2, 52, 28), None] * (n // 2), pa.timestamp("ms")),
+        "day": pa.array([dt.date(2026, 12, 4), None] * (n // 2)),
+        "took": pa.array([dt.timedelta(seconds=1.5), None] * (n // 2)),
+    })
+    chunked = pa.concat_tables([table.slice(0, 5), table.slice(5)])
+    for number, case in enumerate((table, chunked, table.slice(1, 3), chunked.slice(3, 5), table.slice(0, 0))):
+        assert publishing._jsonl_by_polars(case) is not None
+        assert publishing._jsonl(case) == _jsonl_row_by_row(case)
+        part = tmp_path / f"part-{number}.jsonl"  # a window's part: Polars writes the file itself
+        assert publishing._jsonl_by_polars(case, tmp_path / f".part-{number}.tmp") == ""
+        publishing._write_jsonl(case, part)
+        assert part.read_text(encoding="utf-8") == _jsonl_row_by_row(case)
+
+
+@pytest.mark.parametrize("column", [pa.array([0.1, None], pa.float32()), pa.array([[("k", 1)], None],
+                                                                                  pa.map_(pa.string(), pa.int64())),
+                                    pa.array([b"ab", None], pa.binary()), pa.array(["a", None]).dictionary_encode()])
+def test_json_lines_of_columns_polars_may_write_otherwise_are_written_by_orjson(column, tmp_path):
+    """32-bit floats (Polars writes 0.1, Python's float 0.10000000149011612), maps, binary and dictionaries: the
+    table's lines come from orjson, as they are."""
+    table = pa.table({"item_id": ["a", "b"], "value": column})
+    assert publishing._jsonl_by_polars(table) is None
+    assert publishing._jsonl(table) == _jsonl_row_by_row(table)
+    publishing._write_jsonl(table, tmp_path / "part.jsonl")
+    assert (tmp_path / "part.jsonl").read_text(encoding="utf-8") == _jsonl_row_by_row(table)
+
+
+def test_json_lines_are_written_by_orjson_where_polars_is_missing_or_writes_its_probe_otherwise(monkeypatch):
+    """Without Polars, or with a Polars whose writer renders the probe differently (another release, say), every
+    table's lines come from orjson, the same bytes."""
+    import sys
+    import types
+
+    table = pa.table({"item_id": ["a", "b"], "score": [0.5, None],
+                      "token_ids": pa.array([[1], []], pa.list_(pa.int32()))})
+    other = types.SimpleNamespace(from_arrow=lambda t: types.SimpleNamespace(write_ndjson=lambda: "{}\n"))
+    for stand_in in (None, other):  # None in sys.modules: `import polars` raises ImportError
+        monkeypatch.setitem(sys.modules, "polars", stand_in)
+        monkeypatch.setattr(publishing, "_POLARS", False)
+        assert publishing._polars() is None
+        assert publishing._jsonl_by_polars(table) is None
+        assert publishing._jsonl(table) == _jsonl_row_by_row(table)
 
 
 def test_windows_staged_as_parts_join_into_one_file_per_table(tmp_path):
