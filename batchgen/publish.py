@@ -104,6 +104,12 @@ def _polars_writes(kind: pa.DataType, top: bool = True) -> bool:
     return False
 
 
+def ready_jsonl_writer() -> None:
+    """Import Polars and check its writer (`_polars`) now, at a run's start, rather than in the first window's
+    staging while the engine's outputs come in (~0.15 s holding the interpreter)."""
+    _polars()
+
+
 def _polars() -> Any:
     """The polars module, or None where it is not installed or its writer renders a probe of the types it is
     given (`_polars_writes`) otherwise than orjson (another Polars release): the orjson path is used then."""

@@ -21,7 +21,7 @@ from batchgen.assemble import LostItemsError, assemble
 from batchgen.job import JobSpec
 from batchgen.manifest import build_manifest, code_provenance, tally
 from batchgen.progress import for_run, run_key
-from batchgen.publish import CURRENT, PUBLICATIONS, REJECTED, RESULTS, Publication
+from batchgen.publish import CURRENT, PUBLICATIONS, REJECTED, RESULTS, Publication, ready_jsonl_writer
 from batchgen.records import ATTEMPTS_SCHEMA, EngineStats, Manifest, RunTotals, Tally, Window
 from batchgen.remote import CURRENT_JSON, upload_publication
 from batchgen.report import preload as preload_report
@@ -35,10 +35,12 @@ from tasks.validate import Validated
 
 def open_publication(job: JobSpec, preload: bool = True) -> Publication:
     """The run's publication (the one writer of its tables): staged, and discarded if the run fails before it
-    is committed. Use it as a context manager. What publishing needs gets ready in the background meanwhile: the
-    code's git state, the report's chart worker process, and with `preload` the rest of the report
-    (`preload_publish`)."""
+    is committed. Use it as a context manager. What publishing needs gets ready: the code's git state, the JSON-lines
+    writer (with output.jsonl), and in the background the report's chart worker process and with `preload` the rest
+    of the report (`preload_publish`)."""
     code_provenance()  # looked up meanwhile, not after the engine
+    if job.output.jsonl:
+        ready_jsonl_writer()
     if preload:
         preload_publish()
     elif charts_apart():
