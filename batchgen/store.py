@@ -8,6 +8,7 @@ files back and skips every request whose key is already there.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import uuid
 from collections import defaultdict
@@ -32,7 +33,10 @@ def write_atomic(table: pa.Table, path: Path, sync: bool = True) -> None:
 
 # Each commit file's request keys, by path, size and mtime: a run's windows each ask the store for their own keys,
 # and without this every window would read every earlier window's files again (quadratic in the run's length).
-# Commit files are never changed once written (a new commit is a new file), so an entry stays right.
+# Commit files are never changed once written (a new commit is a new file), so an entry stays right. A run lets go
+# of its store's entries when it ends (`ResultStore.forget_keys`): a process that serves run after run (a
+# deployment) would otherwise hold every key it ever committed or read (0.14 KB per item: a run's keys were most of
+# what Python itself held more at its publish step, benchmarks/results/cpu-memory-python-held/).
 _KEYS: dict[str, tuple[int, int, frozenset[str]]] = {}
 _KEYS_LOCK = threading.Lock()
 
@@ -81,6 +85,14 @@ class ResultStore:
             for row in table.to_pylist():
                 done[row["request_key"]].append(Attempt(**row))
         return done
+
+    def forget_keys(self) -> None:
+        """Drop this store's files from the process's cache of their keys (`_file_keys`); a later load reads them
+        again."""
+        inside = f"{self.root}{os.sep}"
+        with _KEYS_LOCK:
+            for path in [path for path in _KEYS if path.startswith(inside)]:
+                del _KEYS[path]
 
     def has_commits(self) -> bool:
         return self.root.is_dir() and next(self.root.glob("chunk-*.parquet"), None) is not None

@@ -34,7 +34,7 @@ from batchgen.schema import frame_input_codec
 from expectations.workers import start_validation_workers
 from expectations.workers import wanted as validation_workers
 from tasks.check import check_job_task
-from tasks.generate import generate_task, start_engine_early
+from tasks.generate import generate_task, start_engine_early, store_keys_held
 from tasks.load import load_items_task
 from tasks.prompts import build_prompts_task
 from tasks.publish import open_publication, preload_publish, publish_task, stage_window_task
@@ -85,7 +85,7 @@ def batch_generation(
         check_job_task(spec)  # a job mistake stops here, before the engine starts
         # on an accelerator, GX validates in worker processes (their imports take seconds: started now)
         start_validation_workers(validation_workers(windows_in_flight(spec)))
-        with open_publication(spec, preload=False) as publication:  # discarded unless the run publishes it
+        with open_publication(spec, preload=False) as publication, store_keys_held(spec):  # discarded unless published
             loaded = load_items_task(spec)
             start_engine_early(spec, loaded)
             with job_progress(spec, loaded):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,16 @@ class Generated:
 
 def store_for(job: JobSpec) -> ResultStore:
     return ResultStore(Path(job.output.dir) / ".batchgen" / "results")
+
+
+@contextmanager
+def store_keys_held(job: JobSpec) -> Iterator[None]:
+    """The run's result store's cache of which commit file holds which keys, let go when the run ends (however it
+    ends): within the run it spares each window a read of every earlier window's files."""
+    try:
+        yield
+    finally:
+        store_for(job).forget_keys()
 
 
 def start_engine_early(job: JobSpec, loaded: LoadedItems, say: bool = True) -> None:

@@ -103,8 +103,12 @@ def test_flow_retries_cut_off_items_and_publishes_each_item_once(tmp_path, prefe
 def test_rerun_of_an_unchanged_job_regenerates_nothing(tmp_path, prefect_server, stand_in):
     from flows.batch_generation import batch_generation
 
+    from batchgen import store
+
     job = job_from_dict(product_job(tmp_path, 10, expectations={"keyword_column": None}))
     first = batch_generation(job)
+    # the run let go of its store's cached keys (a served deployment's process would keep every run's otherwise)
+    assert not [path for path in store._KEYS if path.startswith(str(tmp_path))]
     calls = len(stand_in.calls)
     second = batch_generation(job)
     assert len(stand_in.calls) == calls  # the engine was not asked again

@@ -43,6 +43,25 @@ def test_store_loads_only_the_keys_asked_for(tmp_path):
     assert dict(store.load(set())) == {}
 
 
+def test_forget_keys_lets_go_of_one_stores_cached_keys_and_loads_still_find_them(tmp_path):
+    """A run's end drops its store's files from the process's key cache (a deployment's process serves run after
+    run); another store's entries stay, and a later load reads the files again."""
+    from batchgen import store as store_module
+
+    ours, other = ResultStore(tmp_path / "store"), ResultStore(tmp_path / "store-other")
+    ours.commit(generated("p1", ["a"]))
+    other.commit(generated("p2", ["b"]))
+    assert ours.load({"key-p1-1-None"}) and other.load({"key-p2-1-None"})
+
+    def cached(store):
+        return [path for path in store_module._KEYS if path.startswith(f"{store.root}/")]
+
+    assert cached(ours) and cached(other)
+    ours.forget_keys()
+    assert cached(ours) == [] and cached(other)
+    assert sorted(ours.load({"key-p1-1-None"})) == ["key-p1-1-None"]
+
+
 def test_store_of_a_missing_folder_is_empty(tmp_path):
     assert dict(ResultStore(tmp_path / "never-written").load()) == {}
 
