@@ -166,14 +166,8 @@ def _jsonl_by_polars(table: pa.Table, path: Path | None = None) -> str | None:
     polars = _polars()
     if polars is None:
         return None
-    columns = []
-    for field, column in zip(table.schema, table.columns):
-        if pa.types.is_temporal(field.type):  # str() of each distinct value, as _json_values makes it
-            coded = column.combine_chunks().dictionary_encode()
-            labels = pa.array([None if value is None else str(value) for value in coded.dictionary.to_pylist()],
-                              pa.string())
-            column = labels.take(coded.indices)
-        columns.append(column)
+    columns = [_times_as_text(column) if pa.types.is_temporal(field.type) else column
+               for field, column in zip(table.schema, table.columns)]
     try:
         frame = polars.from_arrow(pa.Table.from_arrays(columns, names=table.column_names))
         if path is None:
@@ -223,10 +217,15 @@ def _json_values(column: pa.ChunkedArray) -> list[Any]:
                     cells[row] = None
             return cells
     elif pa.types.is_temporal(kind):
-        coded = column.combine_chunks().dictionary_encode()
-        labels = [None if value is None else str(value) for value in coded.dictionary.to_pylist()]
-        return [None if code is None else labels[code] for code in coded.indices.to_pylist()]
+        return _times_as_text(column).to_pylist()
     return column.to_pylist()
+
+
+def _times_as_text(column: pa.ChunkedArray) -> pa.Array:
+    """A time column as the str() of each value (as json's default=str wrote it), made once per distinct value."""
+    coded = column.combine_chunks().dictionary_encode()
+    labels = pa.array([None if value is None else str(value) for value in coded.dictionary.to_pylist()], pa.string())
+    return labels.take(coded.indices)
 
 
 # datetimes through default=str ("2026-12-02 20:00:00+00:00"), not orjson's RFC 3339
