@@ -91,7 +91,8 @@ def batch_generation(
             with job_progress(spec, loaded):
                 turns, feeding = FirstPromptsFirst(), FeedingWindows(windows_in_flight(spec))
                 in_parallel(lambda window: run_window(spec, window, publication, turns, feeding),
-                            split_windows(spec, loaded), workers=window_workers(windows_in_flight(spec)),
+                            split_windows(spec, loaded),
+                            workers=window_workers(windows_in_flight(spec), spec.retry.max_passes > 0),
                             started=lambda window, timeout: feeding.taken(window.index, timeout))
             return publish_task(spec, publication, started_at)
 
@@ -252,12 +253,17 @@ def validate_attempts(spec: JobSpec, window: Window, rows: pd.DataFrame, validat
 # while a window's first pass took ~5 s, so with twice as many threads as places, windows 7 and 8 waited for
 # windows 2 and 1 to be staged, places free (the whole job 48.5 s against raw's 32.6 s). The threads that wait
 # for a place hold nothing; a window in its retries holds its rows, so memory stays bounded by this many windows.
+# Without retries a window that has left its place only validates and stages its rows: two windows per place are
+# enough to keep the engine fed, and where the host's work is slower than the engine (a fast engine on few cores)
+# fewer windows wait at once for the same cores, each holding its rows and its thread's malloc arena.
 WINDOWS_HELD_PER_PLACE = 8
+WINDOWS_HELD_PER_PLACE_NO_RETRIES = 2
 
 
-def window_workers(places: int) -> int:
-    """Threads for the run's windows: WINDOWS_HELD_PER_PLACE per window feeding the engine."""
-    return WINDOWS_HELD_PER_PLACE * places
+def window_workers(places: int, retries: bool = True) -> int:
+    """Threads for the run's windows: WINDOWS_HELD_PER_PLACE per window feeding the engine, or
+    WINDOWS_HELD_PER_PLACE_NO_RETRIES for a job without retry passes."""
+    return (WINDOWS_HELD_PER_PLACE if retries else WINDOWS_HELD_PER_PLACE_NO_RETRIES) * places
 
 
 def windows_in_flight(spec: JobSpec) -> int:

@@ -15,6 +15,7 @@ from batchgen.records import Attempt, columns_of
 from flows.batch_generation import (
     RAMP,
     WINDOWS_HELD_PER_PLACE,
+    WINDOWS_HELD_PER_PLACE_NO_RETRIES,
     FeedingWindows,
     FirstPassValidation,
     FirstPromptsFirst,
@@ -180,6 +181,34 @@ def test_windows_in_their_retries_do_not_keep_the_next_ones_from_a_free_place():
     assert fed == list(range(1, windows + 1))
     assert time.monotonic() - started < 10  # no window waited for another's retries to end
     assert window_workers(1) == WINDOWS_HELD_PER_PLACE  # on CPU builds too: one place, its windows' retries beside
+    # a job without retries holds fewer: its windows only validate and stage once they have left their places
+    assert window_workers(places, retries=False) == WINDOWS_HELD_PER_PLACE_NO_RETRIES * places < windows
+
+
+def test_without_retries_two_windows_per_place_are_held_while_staging_is_the_slower_part():
+    """Retries off, the host's work slower than the engine: windows that have left their places wait for the cores,
+    each holding its rows; at most two per place are held at once, and every window still runs, in order."""
+    places, windows = 3, 12
+    feeding, lock = FeedingWindows(places), threading.Lock()
+    fed: list[int] = []
+    held, most = 0, 0
+
+    def window(index: int) -> None:
+        nonlocal held, most
+        with lock:
+            held += 1
+            most = max(most, held)
+        with feeding.slot(index) as first_pass_done:
+            fed.append(index)
+            first_pass_done()
+        time.sleep(0.2)  # validation and staging
+        with lock:
+            held -= 1
+
+    in_parallel(window, list(range(1, windows + 1)), workers=window_workers(places, retries=False),
+                started=lambda index, timeout: feeding.taken(index, timeout))
+    assert fed == list(range(1, windows + 1))
+    assert places < most <= WINDOWS_HELD_PER_PLACE_NO_RETRIES * places
 
 
 def test_window_threads_are_made_as_windows_take_their_places_not_all_at_once():
