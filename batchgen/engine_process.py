@@ -387,7 +387,7 @@ class _Server:
 
     def forward(self, number: int, submission: Submission) -> None:
         try:
-            for batch in submission.periodic_batches(SEND_ITEMS, SEND_SECONDS):
+            for batch in submission.batches(SEND_ITEMS, SEND_SECONDS):
                 self.send(("out", number, [(index, None if output is None else plain_output(output))
                                            for index, output in batch],
                            submission.first_added_at, submission.last_output_at))

@@ -84,36 +84,6 @@ class Submission:
             self.received += 1
             yield got
 
-    def periodic_batches(self, max_items: int, period: float) -> Iterator[list[tuple[int, Any]]]:
-        """Finished outputs in batches of at most `max_items`, the reader waking at most once per `period` seconds
-        rather than at each output: it sleeps until an output comes, takes what is there, and if that is not a full
-        batch sleeps out the period and takes what came meanwhile (at most `period` later than by `batches`).
-        Outputs put while it sleeps wait in the queue without waking it, so the thread that puts them (the
-        engine's loop) keeps the interpreter: woken at each output, a reader took it back and forth several times
-        a step."""
-        while self.received < self.total:
-            batch = [self._take(self._outputs.get())]
-            ends = time.monotonic() + period
-            self._drain(batch, max_items)
-            if len(batch) < max_items and self.received < self.total:
-                time.sleep(max(ends - time.monotonic(), 0.0))
-                self._drain(batch, max_items)
-            yield batch
-
-    def _take(self, got: Any) -> tuple[int, Any]:
-        if isinstance(got, BaseException):
-            raise StreamError(f"the engine failed: {type(got).__name__}: {got}") from got
-        self.received += 1
-        return got
-
-    def _drain(self, batch: list[tuple[int, Any]], max_items: int) -> None:
-        while len(batch) < max_items and self.received < self.total:
-            try:
-                got = self._outputs.get_nowait()
-            except queue.Empty:
-                return
-            batch.append(self._take(got))
-
     def batches(self, max_items: int, max_seconds: float, urgent: Callable[[int, Any], bool] | None = None,
                 urgent_seconds: float = 0.0) -> Iterator[list[tuple[int, Any]]]:
         """Finished outputs in batches of at most `max_items`; an output waits at most `max_seconds` for others to

@@ -90,27 +90,6 @@ def test_batches_commit_by_count_and_by_time():
     stream.close()
 
 
-def test_periodic_batches_take_a_period_of_outputs_and_every_output_once():
-    """The engine process's forwarders: a batch is what finished within a period of its first output (3 a step,
-    a step every 50 ms, a period of 120 ms: two or three steps' outputs), a full batch at once; all 12 outputs,
-    each once; an engine failure still reaches the reader."""
-    core = SlowCore(per_step=3, seconds=0.05)
-    stream = EngineStream(core)
-    batches = list(stream.submit(prompts(0, 12), [None] * 12).periodic_batches(1000, 0.12))
-    assert sorted(index for batch in batches for index, _ in batch) == list(range(12))
-    assert 2 <= len(batches) <= 4 and all(len(batch) >= 3 for batch in batches[:-1])
-    stream.close()
-    at_once = EngineStream(SlowCore(per_step=10))  # all ten finish in one step
-    started = time.monotonic()
-    full = [len(batch) for batch in at_once.submit(prompts(0, 10), [None] * 10).periodic_batches(2, 60.0)]
-    assert full == [2, 2, 2, 2, 2] and time.monotonic() - started < 30  # a full batch never waits out its period
-    at_once.close()
-    failing = EngineStream(SlowCore(per_step=2, seconds=0.01, fail_at_step=1))
-    with pytest.raises(StreamError, match="engine died"):
-        list(failing.submit(prompts(0, 4), [None] * 4).periodic_batches(1000, 0.05))
-    failing.close()
-
-
 def test_an_engine_failure_reaches_every_waiting_submitter_and_later_submits():
     core = SlowCore(per_step=2, seconds=0.01, fail_at_step=1)
     stream = EngineStream(core)
