@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -36,7 +37,26 @@ def test_task_runs_are_named_by_window_and_pass(tmp_path, prefect_server, stand_
             return await client.read_artifacts(artifact_filter=ArtifactFilter(
                 flow_run_id=ArtifactFilterFlowRunId(any_=[manifest.flow_run_id])))
 
-    runs = asyncio.run(task_runs())
+    # two windows of 6; everything is cut off at 12 tokens, the first retry ends every output: in the stream of
+    # the first generate task (in_stream), or in a retry pass after validation; then a plan finds nothing to retry
+    # (it runs, no generate follows). Each attempt is validated on its own, a pass each.
+    expected = ["check-job", "load-items", "publish"]
+    for window in ("w1", "w2"):
+        expected += [f"build-prompts-{window}", f"generate-{window}", f"validate-{window}",
+                     f"validate-{window}-retry1", f"plan-retry-{window}-retry2", f"stage-window-{window}"]
+        if not in_stream:
+            expected += [f"plan-retry-{window}-retry1", f"generate-{window}-retry1"]
+    # the server records task runs from their events in the background (a busy SQLite server under CI's load took
+    # a minute once): wait for every one to be there, completed, as the UI would show them once it has caught up
+    deadline = time.monotonic() + 120
+    while True:
+        runs = asyncio.run(task_runs())
+        settled = sorted(run.name for run in runs) == sorted(expected) and all(run.state.is_completed()
+                                                                            for run in runs)
+        if settled or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sorted(run.name for run in runs) == sorted(expected)
     assert all(run.state.is_completed() for run in runs)
     # each validate and generate task's artifact belongs to its task run: an expectations table per validation,
     # a progress per generate task, done
@@ -53,24 +73,11 @@ def test_task_runs_are_named_by_window_and_pass(tmp_path, prefect_server, stand_
     assert len(steps) == 1, lines
     for part in ("seal ", "report ", "read ", "data docs ", "charts ", "page ", "commit ", "artifact "):
         assert part in steps[0], steps[0]
-    names = sorted(run.name for run in runs)
-    # two windows of 6; everything is cut off at 12 tokens, the first retry ends every output: in the stream of
-    # the first generate task (in_stream), or in a retry pass after validation; then a plan finds nothing to retry
-    # (it runs, no generate follows). Each attempt is validated on its own, a pass each.
-    expected = ["check-job", "load-items", "publish"]
-    for window in ("w1", "w2"):
-        expected += [f"build-prompts-{window}", f"generate-{window}", f"validate-{window}",
-                     f"validate-{window}-retry1", f"plan-retry-{window}-retry2", f"stage-window-{window}"]
-        if not in_stream:
-            expected += [f"plan-retry-{window}-retry1", f"generate-{window}-retry1"]
-    assert names == sorted(expected)
 
 
-def publish_log(task_run_id, wait: float = 10.0) -> list[str]:
+def publish_log(task_run_id, wait: float = 60.0) -> list[str]:
     """The messages logged by a task run, as the Prefect UI shows them (logs reach the server in batches: waits up
     to `wait` seconds for the summary line)."""
-    import time
-
     from prefect import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
 
