@@ -83,16 +83,16 @@ def batch_generation(
     with heartbeats(), frozen_heap():  # batchgen/gcheap.py: collections walk the run's objects only
         spec = resolve_job(job, limit, max_tokens, output_dir, overrides, temperature)
         check_job_task(spec)  # a job mistake stops here, before the engine starts
+        places = windows_in_flight(spec)
         # on an accelerator, GX validates in worker processes (their imports take seconds: started now)
-        start_validation_workers(validation_workers(windows_in_flight(spec)))
+        start_validation_workers(validation_workers(places))
         with open_publication(spec, preload=False) as publication, store_keys_held(spec):  # discarded unless published
             loaded = load_items_task(spec)
             start_engine_early(spec, loaded)
             with job_progress(spec, loaded):
-                turns, feeding = FirstPromptsFirst(), FeedingWindows(windows_in_flight(spec))
+                turns, feeding = FirstPromptsFirst(), FeedingWindows(places)
                 in_parallel(lambda window: run_window(spec, window, publication, turns, feeding),
-                            split_windows(spec, loaded),
-                            workers=window_workers(windows_in_flight(spec), spec.retry.max_passes > 0),
+                            split_windows(spec, loaded), workers=window_workers(places, spec.retry.max_passes > 0),
                             started=lambda window, timeout: feeding.taken(window.index, timeout))
             return publish_task(spec, publication, started_at)
 
