@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -161,10 +162,10 @@ def _expectations(stop_percent: int) -> dict[str, dict[str, Any]] | None:
 
 
 def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight: int | None = None,
-            stop_percent: int = 0) -> dict[str, Any]:
+            stop_percent: int = 0, window_size: int | None = None) -> dict[str, Any]:
     """One size, in this process: a warm-up run of 8 items, then the measured run of n items; `in_flight`: the
     jobs' windows_in_flight (default: the flow's own, 1 on CPU builds; 3 is what a GPU runs with); `stop_percent`:
-    outputs that end by a stop (`--stop-percent`)."""
+    outputs that end by a stop (`--stop-percent`); `window_size`: the jobs' window_size (default: the job's own)."""
     from benchmarks import run as bench
 
     bench.set_environment()
@@ -181,12 +182,13 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
     work = Path(tempfile.mkdtemp(prefix="batchgen-pipeline-only-"))
     try:
         products = bench.write_products(work / "products.csv", n)  # before the clock: input, not pipeline work
+        shape = {"windows_in_flight": in_flight, **({"window_size": window_size} if window_size else {})}
         job = bench.bench_job(products, work / "out", max_tokens, extra=_expectations(stop_percent)).model_copy(
-            update={"windows_in_flight": in_flight})
+            update=shape)
         with prefect_test_harness(server_startup_timeout=120):
             warm = bench.bench_job(bench.write_products(work / "warm.csv", 8), work / "out-warm", max_tokens,
                                    extra=_expectations(stop_percent))
-            warm = warm.model_copy(update={"windows_in_flight": in_flight})
+            warm = warm.model_copy(update=shape)
             batch_generation(warm)
             llm.reset_counts()
             rss_after_warm_up = psutil.Process().memory_info().rss
@@ -206,6 +208,7 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
                 cpu_after = cpu_seconds()
                 if profiles is not None:
                     profiles.main.stop()
+            recorded = prefect_records(manifest.get("flow_run_id"))
         tokenizer_alone = tokenizer_ceiling(job)
         if getattr(engine, "stream", None) is not None:
             engine.stream.close()
@@ -225,6 +228,8 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
         "rejected": counts["rejected"],
         "published": published,
         "window_size": job.window_size,
+        # what the run asked of Prefect (a task run costs its server far more CPU than its client: pipeline_floor)
+        "prefect": recorded,
         "windows_in_flight": in_flight,
         "stop_percent": stop_percent,
         "engine": {"stream": getattr(engine, "stream", None) is not None, "calls": llm.calls,
@@ -243,6 +248,39 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
     if profiles is not None:
         figures["profile"] = profiles.write(profile_dir, n)
     return figures
+
+
+def prefect_records(flow_run_id: str | None, settle: float = 2.0, longest: float = 60.0) -> dict[str, int]:
+    """The task runs and artifacts the server holds for the flow run, once their count has stopped changing for
+    `settle` seconds (its task-run recorder catches up after the flow returns)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
+
+    if not flow_run_id:
+        return {}
+
+    def count(read: Callable[..., list[Any]]) -> int:
+        total, page = 0, 200
+        while True:
+            got = len(read(limit=page, offset=total))
+            total += got
+            if got < page:
+                return total
+
+    last: dict[str, int] = {}
+    deadline = time.monotonic() + longest
+    with get_client(sync_client=True) as client:
+        while True:
+            now = {
+                "task_runs": count(lambda **page: client.read_task_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), **page)),
+                "artifacts": count(lambda **page: client.read_artifacts(
+                    artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])), **page)),
+            }
+            if now == last or time.monotonic() > deadline:
+                return now
+            last = now
+            time.sleep(settle)
 
 
 def tokenizer_ceiling(job: Any) -> dict[str, Any]:
@@ -267,7 +305,7 @@ def tokenizer_ceiling(job: Any) -> dict[str, Any]:
 
 
 def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None,
-              in_flight: int | None = None, stop_percent: int = 0) -> dict[str, Any]:
+              in_flight: int | None = None, stop_percent: int = 0, window_size: int | None = None) -> dict[str, Any]:
     """Each size in a fresh process (peaks are per process); the section's figures."""
     from benchmarks import run as bench
 
@@ -284,6 +322,8 @@ def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None
             argv += ["--windows-in-flight", str(in_flight)]
         if stop_percent:
             argv += ["--stop-percent", str(stop_percent)]
+        if window_size:
+            argv += ["--window-size", str(window_size)]
         bench.log(f"pipeline only: the flow on {n} items, engine stood in")
         done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
         if done.returncode:
@@ -336,18 +376,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-percent", type=int, default=0, help="percent of the outputs that end by a stop (by "
                         "a hash of the request id; the job's keyword expectation is dropped, so they are accepted), "
                         "the others cut off (default 0: every row rejected, as before)")
+    parser.add_argument("--window-size", type=int, help="the job's window_size (default: the job's own)")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: measure one size, print one line
     args = parser.parse_args(argv)
     if args.one is not None:
         print(json.dumps(measure(args.one, args.max_tokens, args.profile, args.windows_in_flight,
-                                 args.stop_percent)), flush=True)
+                                 args.stop_percent, args.window_size)), flush=True)
         return 0
     sizes = sorted(set(args.sizes)) or DEFAULT_SIZES
     if any(n < 1 for n in sizes) or args.max_tokens < 1:
         parser.error("sizes and --max-tokens must be positive")
     if not 0 <= args.stop_percent <= 100:
         parser.error("--stop-percent must be between 0 and 100")
-    result = run_sizes(sizes, args.max_tokens, args.profile, args.windows_in_flight, args.stop_percent)
+    if args.window_size is not None and args.window_size < 1:
+        parser.error("--window-size must be at least 1")
+    result = run_sizes(sizes, args.max_tokens, args.profile, args.windows_in_flight, args.stop_percent,
+                       args.window_size)
     if args.out is not None:
         write_page(result, args.out)
     if args.add_to is not None:

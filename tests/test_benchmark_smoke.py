@@ -145,6 +145,29 @@ def test_pipeline_only_benchmark_with_outputs_that_stop_publishes_most_rows_as_a
     assert figures["published"]["distinct_item_ids"] == 200
 
 
+def test_pipeline_floor_benchmark_measures_prefect_and_the_tokenizer_and_puts_each_run_below_its_ceiling(tmp_path):
+    """Each window is four Prefect task runs (besides the run's check, load and publish): the smaller windows ask
+    more of Prefect per item, and each run's items/s is below what the tokenizer and Prefect alone allow."""
+    out = tmp_path / "results"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.pipeline_floor", "--items", "60", "--window-sizes", "16",
+                           "32", "--rounds", "1", "--tasks", "20", "--out", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads((out / "latest.json").read_text(encoding="utf-8"))
+    assert result["tokenizer"]["thread_cpu_us_per_item"] > 0 and result["tokenizer"]["prompt_tokens_per_item"] > 10
+    for cost in ("task_run", "artifact_call"):
+        assert result["prefect"][cost]["server_cpu_ms"] > 0 and result["prefect"][cost]["client_cpu_ms"] > 0
+    runs = {run["window_size"]: run for run in result["runs"]}
+    assert set(runs) == {16, 32}
+    for size, run in runs.items():
+        assert run["ceiling"]["task_runs"] == 4 * -(-60 // size) + 3
+        assert run["figures"]["published"]["distinct_item_ids"] == 60
+        assert 0 < run["figures"]["items_per_second"] < run["ceiling"]["ceiling_items_per_s"]
+    assert runs[16]["ceiling"]["prefect_cpu_us_per_item"] > runs[32]["ceiling"]["prefect_cpu_us_per_item"]
+    assert "| 1 | 16 | 19 |" in (out / "latest.md").read_text(encoding="utf-8")
+
+
 def test_load_benchmark_reads_every_row_and_stops_at_the_limit(tmp_path):
     for extra, items in (([], 300), (["--limit", "20"], 20), (["--hashed"], 300)):
         out = tmp_path / f"load{len(extra)}.json"
