@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -26,7 +27,22 @@ log = logging.getLogger("batchgen.stream")
 
 # Requests added between two engine steps: the engine keeps stepping while a large submission
 # is still being added (each add tokenizes nothing but does validate and copy its parameters).
+# BATCHGEN_STREAM_ADD_PER_STEP=N sets it for the process and the engine processes it starts (benchmarks.run
+# --add-per-step: for comparing runs of this setting).
 ADD_PER_STEP = 256
+ADD_PER_STEP_ENV = "BATCHGEN_STREAM_ADD_PER_STEP"
+
+
+def default_add_per_step() -> int:
+    """Requests added between two steps: BATCHGEN_STREAM_ADD_PER_STEP where it is a positive whole number, else
+    ADD_PER_STEP."""
+    value = os.environ.get(ADD_PER_STEP_ENV, "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    if value:
+        log.warning("%s=%r is not a positive whole number: %d requests are added per step", ADD_PER_STEP_ENV,
+                    value, ADD_PER_STEP)
+    return ADD_PER_STEP
 # Spare requests (submit(spare=True)) enter the engine only while it holds fewer requests than this share of its
 # max_num_seqs: a step's time barely grows with a batch that small, so what a spare request costs, when it is
 # withdrawn, is little engine time that nothing else wanted.
@@ -158,9 +174,9 @@ def feed_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 class EngineStream:
     """One thread that feeds and steps one vLLM engine for every submitter in the process."""
 
-    def __init__(self, engine: Any, add_per_step: int = ADD_PER_STEP):
+    def __init__(self, engine: Any, add_per_step: int | None = None):
         self.engine = engine  # vllm's LLMEngine (LLM.llm_engine)
-        self.add_per_step = add_per_step
+        self.add_per_step = add_per_step or default_add_per_step()
         self._inbox: queue.SimpleQueue[_Message] = queue.SimpleQueue()
         self._routes: dict[str, tuple[Submission, int]] = {}
         self._adding: list[tuple[Submission, int]] = []  # (submission, next index to add)

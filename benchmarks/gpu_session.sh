@@ -13,6 +13,7 @@
 #   BESIDE16=0 BESIDE80=0 STEP_CAP=580 ...  # paired16/paired80 without the raw-beside-pipeline run, a longer cap
 #   RUN_EXTRA="--windows-held-per-place 8" BESIDE80=0 STEPS=paired80 ...   # the flow holding 8 windows per place
 #                                               # (also without retries): one call, then the same without it
+#   RUN_EXTRA="--add-per-step 100000" BESIDE80=0 STEPS=paired80 ...   # a window's requests into the engine at once
 #
 # Steps, each under a time limit (its cap, or what is left of SESSION_SECONDS, default 540):
 #   run        benchmarks.run: 10,000 items at max_tokens 80 and 16 with one engine; HF transformers on 256 items

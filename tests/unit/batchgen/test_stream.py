@@ -71,6 +71,26 @@ def test_two_submitters_share_the_engine_and_each_gets_exactly_its_outputs():
     stream.close()
 
 
+@pytest.mark.parametrize("value, per_step, warned", [("20", [20], False), ("", [8, 8, 4], False),
+                                                     ("all", [8, 8, 4], True), ("0", [8, 8, 4], True)])
+def test_the_requests_added_per_step_follow_the_environment_where_it_names_a_positive_number(
+        value, per_step, warned, monkeypatch, caplog):
+    """BATCHGEN_STREAM_ADD_PER_STEP (benchmarks.run --add-per-step) sets the stream's default; anything else is
+    said and left at the default (here 8)."""
+    import batchgen.stream as stream_module
+
+    monkeypatch.setattr(stream_module, "ADD_PER_STEP", 8)
+    monkeypatch.setenv("BATCHGEN_STREAM_ADD_PER_STEP", value)
+    core = SlowCore(per_step=1000)
+    with caplog.at_level("WARNING", logger="batchgen.stream"):
+        stream = EngineStream(core)
+    submission = stream.submit(prompts(0, 20), [None] * 20)
+    assert sorted(index for index, _ in submission) == list(range(20))
+    assert [len(step) for step in core.steps] == per_step
+    assert ("BATCHGEN_STREAM_ADD_PER_STEP" in caplog.text) == warned
+    stream.close()
+
+
 def test_a_large_submission_is_added_while_the_engine_already_steps():
     core = SlowCore(per_step=1000)
     stream = EngineStream(core, add_per_step=8)
