@@ -5,6 +5,7 @@
     python -m benchmarks.pipeline_only 20000 --add-to benchmarks/results/gpu-h200   # a section of latest.json
     python -m benchmarks.pipeline_only 20000 --profile /tmp/pipeline-profile        # pyinstrument, per size
     python -m benchmarks.pipeline_only 20000 --stop-percent 90                      # most rows accepted
+    python -m benchmarks.pipeline_only 60000 --window-size 8192                     # the job's windows this size
 
 Runs the real flow (`flows.batch_generation.batch_generation` under a temporary Prefect server:
 loading, prompt building with the real tokenizer, GX validation, window staging, publishing and
@@ -392,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--window-size must be at least 1")
     result = run_sizes(sizes, args.max_tokens, args.profile, args.windows_in_flight, args.stop_percent,
                        args.window_size)
+    result["command"] = "python -m benchmarks.pipeline_only " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.out is not None:
         write_page(result, args.out)
     if args.add_to is not None:
