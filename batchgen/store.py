@@ -40,6 +40,13 @@ def write_atomic(table: pa.Table, path: Path, sync: bool = True) -> None:
 _KEYS: dict[str, tuple[int, int, frozenset[str]]] = {}
 _KEYS_LOCK = threading.Lock()
 
+# The commit files this process wrote for a window of a run, by path: (run, window). A request's key holds its
+# item's id, and a run's windows hold different items, so a window never finds its requests in the files another
+# window of the same run committed: its loads skip them unread (`ResultStore.load(owner=...)`), and their keys are
+# not kept at all (they were most of `_KEYS` in a long run, and every window's load went through every earlier
+# window's keys: quadratic in the run's length). Let go with `_KEYS` when the run ends.
+_OWNED: dict[str, tuple[str, str]] = {}
+
 
 def _file_keys(path: Path) -> frozenset[str]:
     stat = path.stat()
@@ -59,12 +66,13 @@ class ResultStore:
     def __init__(self, root: Path):
         self.root = Path(root)
 
-    def load(self, keys: set[str] | None = None) -> dict[str, list[Attempt]]:
+    def load(self, keys: set[str] | None = None, owner: tuple[str, str] | None = None) -> dict[str, list[Attempt]]:
         """Committed attempts grouped by request key: all of them, or only those of `keys`.
 
         With `keys`, only files holding one of them are read (each file's keys are read once per process and
         remembered, `_file_keys`), and only matching rows are materialized, so a window of a large run holds its
-        own results, not the run's.
+        own results, not the run's. `owner`: the (run, window) asking, whose keys are its own items' (see
+        `commit`): the files this process committed for the run's other windows are not looked at.
         """
         done: dict[str, list[Attempt]] = defaultdict(list)
         if not self.root.is_dir() or (keys is not None and not keys):
@@ -75,6 +83,9 @@ class ResultStore:
                 if wanted is None:
                     table = pq.read_table(path, schema=ATTEMPT_SCHEMA)
                 else:
+                    committed_by = _OWNED.get(str(path)) if owner is not None else None
+                    if committed_by is not None and committed_by[0] == owner[0] and committed_by[1] != owner[1]:
+                        continue  # another window's items: none of these keys
                     if _file_keys(path).isdisjoint(keys):
                         continue
                     table = pq.read_table(path, schema=ATTEMPT_SCHEMA)
@@ -93,17 +104,26 @@ class ResultStore:
         with _KEYS_LOCK:
             for path in [path for path in _KEYS if path.startswith(inside)]:
                 del _KEYS[path]
+            for path in [path for path in _OWNED if path.startswith(inside)]:
+                del _OWNED[path]
 
     def has_commits(self) -> bool:
         return self.root.is_dir() and next(self.root.glob("chunk-*.parquet"), None) is not None
 
-    def commit(self, attempts: list[Attempt]) -> None:
+    def commit(self, attempts: list[Attempt], owner: tuple[str, str] | None = None) -> None:
+        """Write the attempts as a new commit file. `owner`: the (run, window) whose requests they all are: the
+        run's other windows' loads pass the file by, and its keys are read back only if its own window asks
+        (a retried task); without it the file's keys are remembered for every load (`_file_keys`)."""
         if not attempts:
             return
         self.root.mkdir(parents=True, exist_ok=True)
         table = pa.Table.from_pydict(columns_of(attempts, Attempt), schema=ATTEMPT_SCHEMA)
         path = self.root / f"chunk-{uuid.uuid4().hex}.parquet"
         write_atomic(table, path)
+        if owner is not None:
+            with _KEYS_LOCK:
+                _OWNED[str(path)] = owner
+            return
         stat = path.stat()
         with _KEYS_LOCK:
             _KEYS[str(path)] = (stat.st_size, stat.st_mtime_ns, frozenset(a.request_key for a in attempts))

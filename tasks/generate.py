@@ -35,6 +35,15 @@ def store_for(job: JobSpec) -> ResultStore:
     return ResultStore(Path(job.output.dir) / ".batchgen" / "results")
 
 
+def commit_owner(label: str) -> tuple[str, str] | None:
+    """(flow run, window) of a generate task in a flow run, else None: its commits are its window's items, which
+    no other window of the run asks the store for (`ResultStore.commit`)."""
+    from prefect.runtime import flow_run
+
+    run = flow_run.get_id()
+    return (str(run), window_of(label)) if run else None
+
+
 @contextmanager
 def store_keys_held(job: JobSpec) -> Iterator[None]:
     """The run's result store's cache of which commit file holds which keys, let go when the run ends (however it
@@ -121,9 +130,11 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str, max_mode
     follow_up = None if max_model_len is None or job.sampling.use_beam_search else \
         stream_retry(job.retry, max_model_len, job_stop_seam(job))
 
+    owner = commit_owner(label)
+
     def on_commit(new_rows: list[Attempt], finished: int, of: int) -> None:
         nonlocal fresh_tokens, generated, first_commit_at
-        store.commit(new_rows)
+        store.commit(new_rows, owner)
         tokens, final = 0, 0
         if new_rows:  # rates count engine time only: not the engine's start, not reused results
             first_commit_at = first_commit_at or time.perf_counter()
@@ -148,7 +159,7 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str, max_mode
 
     try:
         ran = run_requests(engine, requests, job.sampling, engine_identity(args), job.chunk_size,
-                           job.commit_seconds, done=store.load,  # this window's commits only
+                           job.commit_seconds, done=lambda keys: store.load(keys, owner),  # its commits only
                            on_commit=on_commit, adapters=job.engine.lora_adapters or None, follow_up=follow_up,
                            on_requests_done=requests_done)
     except Exception:

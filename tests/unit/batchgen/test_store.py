@@ -62,6 +62,37 @@ def test_forget_keys_lets_go_of_one_stores_cached_keys_and_loads_still_find_them
     assert sorted(ours.load({"key-p1-1-None"})) == ["key-p1-1-None"]
 
 
+def test_a_window_passes_by_the_files_its_runs_other_windows_committed_and_any_other_run_finds_them(tmp_path, caplog):
+    """A request's key holds its item's id and a run's windows hold different items: a window's load does not open
+    what the run's other windows committed (here made unreadable, which would be warned of), and keeps none of
+    their keys; its own window's commits (a retried task), another run's and a load without an owner find all."""
+    from batchgen import store as store_module
+
+    store = ResultStore(tmp_path / "store")
+    first, second = generated("p1", ["a"]), generated("p2", ["b"])
+    store.commit(first, ("run-1", "w1"))
+    store.commit(second, ("run-1", "w2"))
+    inside = f"{store.root}/"
+    assert not [path for path in store_module._KEYS if path.startswith(inside)]  # no keys kept for owned files
+    [w1_file] = [path for path, owner in store_module._OWNED.items() if owner == ("run-1", "w1")]
+
+    with caplog.at_level(logging.WARNING, logger="batchgen.store"):
+        assert dict(store.load({"key-p2-1-None"}, ("run-1", "w2"))) == {"key-p2-1-None": second}
+        assert dict(store.load({"key-p1-1-None"}, ("run-1", "w1"))) == {"key-p1-1-None": first}
+        assert dict(store.load({"key-p1-1-None"}, ("run-2", "w2"))) == {"key-p1-1-None": first}
+        assert dict(store.load({"key-p1-1-None"})) == {"key-p1-1-None": first}
+        assert not caplog.records
+        (tmp_path / "store" / w1_file.rsplit("/", 1)[1]).write_bytes(b"\x00not parquet")
+        store_module._KEYS.clear()  # w1's file is read again from here on
+        assert dict(store.load({"key-p1-1-None", "key-p2-1-None"}, ("run-1", "w2"))) == {"key-p2-1-None": second}
+        assert not caplog.records  # w2's load never opened w1's file
+        store.load({"key-p1-1-None"}, ("run-1", "w1"))
+    assert any("unreadable" in r.getMessage() for r in caplog.records)  # w1's own load did
+
+    store.forget_keys()
+    assert not [path for path in store_module._OWNED if path.startswith(inside)]
+
+
 def test_store_of_a_missing_folder_is_empty(tmp_path):
     assert dict(ResultStore(tmp_path / "never-written").load()) == {}
 
