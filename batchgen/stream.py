@@ -32,6 +32,11 @@ log = logging.getLogger("batchgen.stream")
 ADD_PER_STEP = 256
 ADD_PER_STEP_ENV = "BATCHGEN_STREAM_ADD_PER_STEP"
 
+# Spare requests (submit(spare=True)) enter the engine only while it holds fewer requests than this share of its
+# max_num_seqs: a step's time barely grows with a batch that small, so what a spare request costs, when it is
+# withdrawn, is little engine time that nothing else wanted.
+SPARE_SHARE = 0.25
+
 
 def default_add_per_step() -> int:
     """Requests added between two steps: BATCHGEN_STREAM_ADD_PER_STEP where it is a positive whole number, else
@@ -43,10 +48,6 @@ def default_add_per_step() -> int:
         log.warning("%s=%r is not a positive whole number: %d requests are added per step", ADD_PER_STEP_ENV,
                     value, ADD_PER_STEP)
     return ADD_PER_STEP
-# Spare requests (submit(spare=True)) enter the engine only while it holds fewer requests than this share of its
-# max_num_seqs: a step's time barely grows with a batch that small, so what a spare request costs, when it is
-# withdrawn, is little engine time that nothing else wanted.
-SPARE_SHARE = 0.25
 
 
 class StreamError(RuntimeError):
