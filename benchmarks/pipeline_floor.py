@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benchmarks.pipeline_only import ROOT, cpu_seconds
+from benchmarks.pipeline_only import cpu_seconds, run_child
 
 TASKS = 200  # trivial task runs timed; as many artifact calls of each kind
 
@@ -138,11 +137,7 @@ def measure_windows(items: int, window_sizes: list[int], rounds: int, stop_perce
             argv = [sys.executable, "-m", "benchmarks.pipeline_only", "--one", str(items), "--window-size", str(size),
                     "--stop-percent", str(stop_percent)]
             bench.log(f"pipeline floor: round {round_number}, windows of {size}")
-            done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
-            if done.returncode:
-                sys.stderr.write(done.stderr[-6000:])
-                raise SystemExit(f"the run with windows of {size} failed (exit {done.returncode})")
-            figures = json.loads(done.stdout.strip().splitlines()[-1])
+            figures = run_child(argv, f"the run with windows of {size}")
             runs.append({"round": round_number, "window_size": size, "figures": figures})
     return runs
 

@@ -305,6 +305,15 @@ def tokenizer_ceiling(job: Any) -> dict[str, Any]:
             "prompt_tokens_per_item": round(tokens / max(len(texts), 1), 1)}
 
 
+def run_child(argv: list[str], what: str) -> dict[str, Any]:
+    """The figures a `--one` child prints last; its stderr's tail and an exit where it fails."""
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode:
+        sys.stderr.write(done.stderr[-6000:])
+        raise SystemExit(f"{what} failed (exit {done.returncode})")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None,
               in_flight: int | None = None, stop_percent: int = 0, window_size: int | None = None) -> dict[str, Any]:
     """Each size in a fresh process (peaks are per process); the section's figures."""
@@ -326,11 +335,7 @@ def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None
         if window_size:
             argv += ["--window-size", str(window_size)]
         bench.log(f"pipeline only: the flow on {n} items, engine stood in")
-        done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
-        if done.returncode:
-            sys.stderr.write(done.stderr[-6000:])
-            raise SystemExit(f"the {n}-item run failed (exit {done.returncode})")
-        figures = json.loads(done.stdout.strip().splitlines()[-1])
+        figures = run_child(argv, f"the {n}-item run")
         print(json.dumps(figures), flush=True)
         result["sizes"][str(n)] = figures
     low, high = min(sizes), max(sizes)
