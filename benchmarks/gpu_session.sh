@@ -43,6 +43,9 @@
 #              time goes); needs py-spy on PATH (PYSPY=/path/to/py-spy)
 #   pipeline   benchmarks.pipeline_only 20000: the flow with the engine stood in (the host's cost, not the GPU's;
 #              about 2 minutes more, so not by default)
+#   floor      benchmarks.pipeline_floor on 20,000 items, windows of 2,048 and 8,192: what the tokenizer and
+#              Prefect's task runs cost on the host, beside the pipeline alone, into $RES/pipeline-floor (about
+#              2 minutes on 2 cores, not by default)
 # A step that fails or runs out of time is reported in session.log; the next step still runs. Each step's log,
 # session.log and copies of latest.json, latest.md, latest.png and big_model.json go to $OUT when it is set
 # (8 files, flat), else to a temporary folder whose name is printed.
@@ -117,6 +120,8 @@ if [ -f "$RES/latest.json" ]; then
 else
   step pipeline 150 "$PY" -m benchmarks.pipeline_only 20000 --out "$RES/pipeline-only"
 fi
+step floor 300 "$PY" -m benchmarks.pipeline_floor --items 20000 --window-sizes 2048 8192 --rounds 1 \
+  --out "$RES/pipeline-floor"
 
 if [ "$LOGS" != "$RES" ]; then
   for name in latest.json latest.md latest.png big_model.json; do
@@ -127,6 +132,7 @@ if [ "$LOGS" != "$RES" ]; then
     [[ $STEPS == *" here "* && -f "$RES/front-end-here/$name" ]] && cp "$RES/front-end-here/$name" "$LOGS/here-$name"
     [[ $STEPS == *" paired16 "* && -f "$RES/max-tokens-16/$name" ]] && cp "$RES/max-tokens-16/$name" "$LOGS/16-$name"
     [[ $STEPS == *" paired80_fcfs "* && -f "$RES/fcfs/$name" ]] && cp "$RES/fcfs/$name" "$LOGS/fcfs-$name"
+    [[ $STEPS == *" floor "* && -f "$RES/pipeline-floor/$name" ]] && cp "$RES/pipeline-floor/$name" "$LOGS/floor-$name"
   done
   [[ $STEPS == *" run_batch "* && -f "$RES/run-batch/run_batch.json" ]] && cp "$RES/run-batch/run_batch.json" "$LOGS/"
   [[ $STEPS == *" run_batch_retries "* && -f "$RES/run-batch/run_batch_retries.json" ]] &&
