@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benchmarks.pipeline_only import cpu_seconds, run_child
+from benchmarks.pipeline_only import cpu_seconds, prompt_texts, run_child
 
 TASKS = 200  # trivial task runs timed; as many artifact calls of each kind
 
@@ -38,15 +38,12 @@ def tokenizer_per_item(items: int) -> dict[str, Any]:
     import tempfile
 
     from benchmarks import run as bench
-    from batchgen.items import load_items
-    from batchgen.prompts import TOKENIZE_BATCH, build_prompts
-    from batchgen.tokenizer import load_tokenizer
+    from batchgen.prompts import TOKENIZE_BATCH
 
-    work = Path(tempfile.mkdtemp(prefix="batchgen-floor-"))
-    job = bench.bench_job(bench.write_products(work / "products.csv", items), work / "out", 4)
-    loaded = load_items(job.input)
-    _, tokenizer, max_len = load_tokenizer(job.engine)
-    texts = build_prompts(loaded.items, job.prompt, tokenizer, max_len, loaded.columns).prompts["prompt"].tolist()
+    with tempfile.TemporaryDirectory(prefix="batchgen-floor-") as folder:
+        work = Path(folder)
+        tokenizer, texts = prompt_texts(bench.bench_job(bench.write_products(work / "products.csv", items),
+                                                        work / "out", 4))
     fast = tokenizer._tokenizer
     started, cpu = time.perf_counter(), time.thread_time()
     tokens = 0

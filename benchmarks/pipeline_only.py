@@ -284,17 +284,25 @@ def prefect_records(flow_run_id: str | None, settle: float = 2.0, longest: float
             time.sleep(settle)
 
 
-def tokenizer_ceiling(job: Any) -> dict[str, Any]:
-    """What tokenizing the run's prompts alone takes here, as the flow tokenizes them (batchgen.prompts._token_ids:
-    batches of TOKENIZE_BATCH, a slice per core): the pipeline's items/s cannot pass `items_per_second`, whatever
-    the rest costs. Measured after the run, on the same chat-templated texts."""
+def prompt_texts(job: Any) -> tuple[Any, list[str]]:
+    """The job's tokenizer and its prompts' chat-templated texts, as the flow builds them."""
     from batchgen.items import load_items
-    from batchgen.prompts import TOKENIZE_BATCH, _token_ids, build_prompts, tokenize_threads
+    from batchgen.prompts import build_prompts
     from batchgen.tokenizer import load_tokenizer
 
     loaded = load_items(job.input)
     _, tokenizer, max_len = load_tokenizer(job.engine)
-    texts = build_prompts(loaded.items, job.prompt, tokenizer, max_len, loaded.columns).prompts["prompt"].tolist()
+    return tokenizer, build_prompts(loaded.items, job.prompt, tokenizer, max_len,
+                                    loaded.columns).prompts["prompt"].tolist()
+
+
+def tokenizer_ceiling(job: Any) -> dict[str, Any]:
+    """What tokenizing the run's prompts alone takes here, as the flow tokenizes them (batchgen.prompts._token_ids:
+    batches of TOKENIZE_BATCH, a slice per core): the pipeline's items/s cannot pass `items_per_second`, whatever
+    the rest costs. Measured after the run, on the same chat-templated texts."""
+    from batchgen.prompts import TOKENIZE_BATCH, _token_ids, tokenize_threads
+
+    tokenizer, texts = prompt_texts(job)
     started = time.perf_counter()
     tokens = 0
     for start in range(0, len(texts), TOKENIZE_BATCH):
@@ -314,12 +322,13 @@ def run_child(argv: list[str], what: str) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None,
-              in_flight: int | None = None, stop_percent: int = 0, window_size: int | None = None) -> dict[str, Any]:
-    """Each size in a fresh process (peaks are per process); the section's figures."""
+def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None, in_flight: int | None = None,
+              stop_percent: int = 0, window_size: int | None = None, command: str | None = None) -> dict[str, Any]:
+    """Each size in a fresh process (peaks are per process); the section's figures. `command`: the command line
+    to record (default: the sizes alone)."""
     from benchmarks import run as bench
 
-    command = "python -m benchmarks.pipeline_only " + " ".join(map(str, sizes))
+    command = command or "python -m benchmarks.pipeline_only " + " ".join(map(str, sizes))
     result: dict[str, Any] = {"command": command, "started_at": datetime.now(timezone.utc).isoformat(),
                               "max_tokens": max_tokens, "stop_percent": stop_percent,
                               "target_items_per_s": TARGET_ITEMS_PER_S,
@@ -397,8 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.window_size is not None and args.window_size < 1:
         parser.error("--window-size must be at least 1")
     result = run_sizes(sizes, args.max_tokens, args.profile, args.windows_in_flight, args.stop_percent,
-                       args.window_size)
-    result["command"] = "python -m benchmarks.pipeline_only " + " ".join(sys.argv[1:] if argv is None else argv)
+                       args.window_size,
+                       "python -m benchmarks.pipeline_only " + " ".join(sys.argv[1:] if argv is None else argv))
     if args.out is not None:
         write_page(result, args.out)
     if args.add_to is not None:
