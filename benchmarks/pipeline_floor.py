@@ -177,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.items, args.rounds, args.tasks, *args.window_sizes) < 1:
         parser.error("--items, --rounds, --tasks and --window-sizes must be positive")
+    if not 0 <= args.stop_percent <= 100:
+        parser.error("--stop-percent must be between 0 and 100")
     from benchmarks import run as bench
 
     bench.set_environment()

@@ -169,6 +169,19 @@ def test_pipeline_floor_benchmark_measures_prefect_and_the_tokenizer_and_puts_ea
     assert "| 1 | 16 | 19 |" in (out / "latest.md").read_text(encoding="utf-8")
 
 
+@pytest.mark.parametrize("module, argv, message", [
+    ("pipeline_only", ["100", "--window-size", "0"], "--window-size must be at least 1"),
+    ("pipeline_floor", ["--items", "0"], "--items, --rounds, --tasks and --window-sizes must be positive"),
+    ("pipeline_floor", ["--window-sizes", "2048", "-1"], "--items, --rounds, --tasks and --window-sizes must be"),
+    ("pipeline_floor", ["--stop-percent", "101"], "--stop-percent must be between 0 and 100")])
+def test_pipeline_benchmarks_stop_with_exit_2_naming_the_option_out_of_range(module, argv, message, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit) as stopped:
+        importlib.import_module(f"benchmarks.{module}").main(argv)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_load_benchmark_reads_every_row_and_stops_at_the_limit(tmp_path):
     for extra, items in (([], 300), (["--limit", "20"], 20), (["--hashed"], 300)):
         out = tmp_path / f"load{len(extra)}.json"
