@@ -105,6 +105,14 @@ def stream_feed(llm: Any) -> dict[str, Any]:
     return _STREAMS[id(llm)].feed()
 
 
+def stream_add_per_step(llm: Any, add_per_step: int) -> int:
+    """For Engine.run: set how many requests the stream that feeds `llm` adds between two engine steps; returns the
+    setting it replaces (benchmarks.run --flow-variants compares settings on one engine)."""
+    stream = _STREAMS[id(llm)]
+    previous, stream.add_per_step = stream.add_per_step, add_per_step
+    return previous
+
+
 def generate(llm: Any, prompts: list[Any], params: Any) -> list[Output]:
     """`LLM.generate` as plain outputs (for `Engine.run`: `batchgen check --sample`)."""
     return [plain_output(o) for o in llm.generate(prompts, params, use_tqdm=False)]

@@ -132,6 +132,34 @@ def repeats_lines(pairs: list[dict[str, Any]] | None) -> list[str]:
     return lines + [""]
 
 
+def variants_lines(variants: dict[str, Any] | None) -> list[str]:
+    """The table of --flow-variants: each variant's medians over the repeats, and its engine's steps."""
+    if not variants:
+        return []
+
+    def step_ms(rows: list[dict[str, Any]], steps: str, seconds: str) -> str:
+        paced = [1000 * r[seconds] / r[steps] for r in rows if r.get(steps) and r.get(seconds)]
+        return ", ".join(_num(v) for v in paced) or "-"
+
+    lines = ["Flow variants: in every repeat the flow ran once per variant beside the same raw vLLM call, on the "
+             "same engine (the order reversed in every other repeat); medians over the repeats, then each repeat's "
+             "figure in the order they ran. Against the default flow: the default flow's wall time over the "
+             "variant's in the same repeat (above 1: the variant was faster).", "",
+             "| variant | settings | flow / raw | generation / raw | against the default flow "
+             "| each repeat's flow / raw | engine steps | ms a step (flow) | ms a step (raw) |",
+             "| --- | --- | ---: | ---: | ---: | --- | --- | --- | --- |"]
+    for name, v in variants.items():
+        rows = v["pairs"]
+        settings = ", ".join(f"{k} {val:,}" for k, val in v["settings"].items()) or "as is"
+        lines.append(f"| {name} | {settings} | {_num(v['ratio_flow_vs_raw'], 3)} "
+                     f"| {_num(v['ratio_generation_vs_raw'], 3)} | {_num(v['ratio_vs_default_flow'], 3)} "
+                     f"| {', '.join(_num(r['ratio_flow_vs_raw'], 3) for r in rows)} "
+                     f"| {', '.join(str(r['engine_steps']) for r in rows)} "
+                     f"| {step_ms(rows, 'engine_steps', 'engine_busy_seconds')} "
+                     f"| {step_ms(rows, 'raw_engine_steps', 'raw_engine_step_seconds')} |")
+    return lines + [""]
+
+
 def beside_lines(beside: dict[str, Any] | None) -> list[str]:
     """--beside-pipeline: raw vLLM's rate while the pipeline ran beside it, against its rate alone."""
     if not beside:
@@ -182,7 +210,8 @@ def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "")
             "Ratios (output tokens/s): " + ", ".join(f"`{k}` = {_num(entry[k], 3)}" for k in RATIO_KEYS) + ".",
             "",
         ]
-        lines += repeats_lines(entry.get("repeats")) + beside_lines(entry.get("raw_beside_pipeline"))
+        lines += (repeats_lines(entry.get("repeats")) + variants_lines(entry.get("flow_variants"))
+                  + beside_lines(entry.get("raw_beside_pipeline")))
     marginal = case.get("pipeline_overhead_marginal")
     if marginal and marginal["per_item_ms"] <= 0:
         small, large = marginal["between_items"]

@@ -84,6 +84,7 @@ class Config:
     pipeline_sizes: list[int] = field(default_factory=list)
     with_retries: bool = False
     retry_variants: list[str] = field(default_factory=list)
+    flow_variants: list[str] = field(default_factory=list)  # --flow-variants, "default" first; empty: the flow as is
     repeats: int = 1
     beside_pipeline: int = 0  # items of the stand-in pipeline run beside raw vLLM (0: not measured)
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="batchgen-bench-")))
@@ -168,6 +169,12 @@ def parse_args(argv: list[str] | None) -> Config:
                         help="the flow's engine stream adds at most N requests between two engine steps (default: "
                              "batchgen.stream.ADD_PER_STEP; sets BATCHGEN_STREAM_ADD_PER_STEP, which the engine's "
                              "process inherits): for comparing runs of this setting, e.g. a window's requests at once")
+    parser.add_argument("--flow-variants", nargs="+", choices=list(FLOW_VARIANTS), metavar="VARIANT",
+                        help="in every repeat, run the flow once per variant beside the same raw vLLM call, on the "
+                             "same engine, the order reversed in every other repeat: "
+                             + "; ".join(f"{name}: {about}" for name, (_, about) in FLOW_VARIANTS.items())
+                             + " (default is added first when not named; the tables are default's; each variant's "
+                               "median ratios go under flow_variants)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes (8 items, max_tokens 8, loop 4, HF 4 on one thread, retries on 4 items, "
                              "no warm-up flow run): a plumbing check, not a measurement")
@@ -191,7 +198,9 @@ def parse_args(argv: list[str] | None) -> Config:
                     pipeline_sizes=_int_list(args.pipeline_sizes) if args.pipeline_sizes else [],
                     with_retries=args.with_retries, repeats=args.repeats, beside_pipeline=args.beside_pipeline,
                     retry_variants=args.retry_variants if args.retry_variants[:1] == ["in_stream"] else
-                    ["in_stream"] + args.retry_variants)
+                    ["in_stream"] + args.retry_variants,
+                    flow_variants=["default"] + [v for v in dict.fromkeys(args.flow_variants) if v != "default"]
+                    if args.flow_variants else [])
     if min(config.max_tokens_list) < 1:
         parser.error("--max-tokens must be at least 1")
     if args.front_end != "auto":
@@ -703,6 +712,87 @@ def first_results(timings: dict[str, float], body_started: float, called_at: flo
 # generate task's stream), then with each retry's own retry started ahead as a spare (retry.ahead), then without
 # it (the default since 2026-12-04, named for runs from before), then in retry passes after validation, then
 # `continue` in the stream.
+# --flow-variants: settings of the flow compared on one engine, each beside the same raw call (settings, what it is)
+FLOW_VARIANTS: dict[str, tuple[dict[str, int], str]] = {
+    "default": ({}, "the flow as it is"),
+    "add_all": ({"add_per_step": 1_000_000}, "its engine stream adds a window's requests between two steps at once "
+                                             "(batchgen.stream.ADD_PER_STEP otherwise)"),
+    "held8": ({"windows_held_per_place": 8}, "it holds 8 windows per place, with retries or without"),
+    "held1": ({"windows_held_per_place": 1}, "it holds 1 window per place"),
+}
+
+
+def set_add_per_step(engine: Any, add_per_step: int) -> int:
+    """Set how many requests the engine's stream adds between two steps, on the stream's thread while the engine
+    is idle; returns the setting it replaces."""
+    from batchgen.engine_process import ProcessEngine, stream_add_per_step
+
+    if isinstance(engine, ProcessEngine):
+        return engine.run(stream_add_per_step, add_per_step)
+    stream = engine.stream
+
+    def swap() -> int:
+        previous, stream.add_per_step = stream.add_per_step, add_per_step
+        return previous
+
+    return stream.call(swap)
+
+
+@contextmanager
+def flow_variant(engine: Any, name: str) -> Iterator[None]:
+    """The flow under FLOW_VARIANTS[name] for the block, its own settings again after."""
+    import flows.batch_generation as flow_module
+
+    settings = FLOW_VARIANTS[name][0]
+    held = (flow_module.WINDOWS_HELD_PER_PLACE, flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES)
+    added = None
+    try:
+        if "windows_held_per_place" in settings:
+            flow_module.WINDOWS_HELD_PER_PLACE = flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES = \
+                settings["windows_held_per_place"]
+        if "add_per_step" in settings:
+            added = set_add_per_step(engine, settings["add_per_step"])
+        yield
+    finally:
+        flow_module.WINDOWS_HELD_PER_PLACE, flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES = held
+        if added is not None:
+            set_add_per_step(engine, added)
+
+
+def variant_ratios(pairs: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]:
+    """Per flow variant: each repeat's flow against the same repeat's raw call and the default flow, the engine's
+    steps in both, and the medians."""
+    result: dict[str, Any] = {}
+    for name in variants:
+        rows = []
+        for pair in pairs:
+            raw, run, default = pair["raw"], pair["runs"][name], pair["runs"]["default"]
+            feed = run["engine_feed"] or {}
+            rows.append({
+                "raw_wall_seconds": raw["wall_seconds"],
+                "raw_output_tokens_per_second": raw["output_tokens_per_second"],
+                "raw_engine_steps": raw.get("engine_steps"),
+                "raw_engine_step_seconds": raw.get("engine_step_seconds"),
+                "flow_wall_seconds": run["flow"]["wall_seconds"],
+                "flow_output_tokens_per_second": run["flow"]["output_tokens_per_second"],
+                "flow_output_tokens": run["flow"]["output_tokens"],
+                "generation_output_tokens_per_second": run["generation"]["output_tokens_per_second"],
+                "engine_steps": feed.get("steps"),
+                "engine_busy_seconds": None if feed.get("busy_seconds") is None else round(feed["busy_seconds"], 3),
+                "engine_mean_requests": None if feed.get("mean_requests") is None else round(feed["mean_requests"]),
+                "engine_full_share": None if feed.get("full_share") is None else round(feed["full_share"], 3),
+                "ratio_flow_vs_raw": ratio(run["flow"]["output_tokens_per_second"], raw["output_tokens_per_second"]),
+                "ratio_generation_vs_raw": ratio(run["generation"]["output_tokens_per_second"],
+                                                 raw["output_tokens_per_second"]),
+                # above 1: this variant's flow was faster than the default flow of the same repeat
+                "ratio_vs_default_flow": ratio(default["flow"]["wall_seconds"], run["flow"]["wall_seconds"]),
+            })
+        result[name] = {"settings": FLOW_VARIANTS[name][0], "pairs": rows, **{
+            key: round(statistics.median(r[key] for r in rows), 4) if all(r[key] for r in rows) else None
+            for key in ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_vs_default_flow")}}
+    return result
+
+
 RETRY_VARIANTS = {"in_stream": {}, "in_stream_ahead": {"ahead": True}, "in_stream_no_ahead": {"ahead": False},
                   "passes": {"in_stream": False},
                   "continue_in_stream": {"strategy": "continue"}, "in_stream_first_come": {}}
@@ -963,23 +1053,31 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
 
     sizes: dict[str, Any] = {}
     identical = True
+    variants = cfg.flow_variants or ["default"]
     for n in cfg.sizes:
         pairs = []
         for repeat in range(cfg.repeats):
-            # ABBA: raw first in even repeats, the flow first in odd ones, so that a drift of the host's speed
-            # during the run weighs on both alike
-            pair: dict[str, Any] = {}
+            # ABBA: raw first in even repeats, the flow first in odd ones (with --flow-variants, the whole order
+            # reversed), so that a drift of the host's speed during the run weighs on all alike
+            pair: dict[str, Any] = {"runs": {}}
             which = f" (repeat {repeat + 1} of {cfg.repeats})" if cfg.repeats > 1 else ""
-            for method in (("raw", "flow") if repeat % 2 == 0 else ("flow", "raw")):
+            order = ["raw"] + variants
+            for method in (order if repeat % 2 == 0 else order[::-1]):
                 cold_prefix_cache(engine)
                 if method == "raw":
                     log(f"(b) raw vLLM, one call on {n} prompts, max_tokens {max_tokens}{which}")
                     pair["raw"] = run_raw(engine, prompt_ids[:n], params, memory)
-                else:
-                    log(f"(a) the flow on {n} items, max_tokens {max_tokens}{which}")
-                    pair["out"] = cfg.work / f"out-{n}-{max_tokens}" / f"repeat-{repeat + 1}"
-                    pair["run"] = run_flow(bench_job(csvs[n], pair["out"], max_tokens), memory, by_item)
-                    identical = identical and bool(pair["run"]["prompts_identical"])
+                    continue
+                named = f" ({method}: {FLOW_VARIANTS[method][1]})" if cfg.flow_variants else ""
+                log(f"(a) the flow on {n} items, max_tokens {max_tokens}{which}{named}")
+                out = cfg.work / f"out-{n}-{max_tokens}" / f"repeat-{repeat + 1}"
+                out = out if method == "default" else out.with_name(f"{out.name}-{method}")
+                with flow_variant(engine, method):
+                    run = run_flow(bench_job(csvs[n], out, max_tokens), memory, by_item)
+                identical = identical and bool(run["prompts_identical"])
+                if method == "default":
+                    pair["run"], pair["out"] = run, out
+                pair["runs"][method] = {k: run[k] for k in ("flow", "generation", "engine_feed")}
             pairs.append(pair)
         spread = paired_ratios(pairs)
         pick = spread["median_pair"]
@@ -1028,11 +1126,16 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             "ratio_raw_vs_serial": ratio(raw["output_tokens_per_second"], serial["output_tokens_per_second"]),
             "ratio_flow_vs_hf": ratio(flow["output_tokens_per_second"], hf["output_tokens_per_second"]),
             **({"repeats": spread["pairs"]} if cfg.repeats > 1 else {}),
+            **({"flow_variants": variant_ratios(pairs, variants)} if cfg.flow_variants else {}),
         }
         log(f"{n} items, max_tokens {max_tokens}: flow {flow['output_tokens_per_second']} tok/s, raw "
             f"{raw['output_tokens_per_second']} tok/s, ratio {sizes[str(n)]['ratio_flow_vs_raw']}"
             + (f" (median of {cfg.repeats} pairs: {[p['ratio_flow_vs_raw'] for p in spread['pairs']]})"
                if cfg.repeats > 1 else ""))
+        for name, v in sizes[str(n)].get("flow_variants", {}).items():
+            log(f"  flow variant {name}: flow / raw {v['ratio_flow_vs_raw']} "
+                f"{[p['ratio_flow_vs_raw'] for p in v['pairs']]}, against the default flow "
+                f"{v['ratio_vs_default_flow']} {[p['ratio_vs_default_flow'] for p in v['pairs']]}")
         if cfg.beside_pipeline and n == max(cfg.sizes):
             log(f"(b) raw vLLM on {n} prompts, max_tokens {max_tokens}, beside the pipeline on "
                 f"{cfg.beside_pipeline} items (engine stood in)")
@@ -1153,6 +1256,7 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
             "beside_pipeline_items": cfg.beside_pipeline,
             "windows_held_per_place": windows_held_per_place(),
             "add_per_step": default_add_per_step(),
+            "flow_variants": {name: FLOW_VARIANTS[name][0] for name in cfg.flow_variants},
         },
         "engine": {**engine_info, "loads": engine_loads},
         "warm_up": warm,

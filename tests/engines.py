@@ -24,6 +24,7 @@ class StandInCore:
         self.pending: list[tuple[str, Any, Any]] = []
         self.aborted: list[str] = []
         self.priorities: dict[str, int] = {}  # as vLLM's priority policy: lower first, then first come
+        self.step_sizes: list[int] = []  # how many requests each step answered
 
     def add_request(self, request_id: str, prompt: Any, params: Any, lora_request: Any = None,
                     priority: int = 0) -> str:
@@ -46,6 +47,7 @@ class StandInCore:
     def step(self) -> list[Any]:
         count = len(self.pending) if self.per_step is None else self.per_step
         batch, self.pending = self.pending[:count], self.pending[count:]
+        self.step_sizes.append(len(batch))
         outputs = self.answer([prompt for _, prompt, _ in batch], [params for _, _, params in batch])
         for (request_id, _, _), output in zip(batch, outputs):
             output.request_id = request_id
@@ -110,6 +112,11 @@ def aborted_requests(llm: Any) -> list[str]:
 def priorities_given(llm: Any) -> list[int]:
     """For Engine.run: the priority of each request the stand-in engine core was given, in the order they came."""
     return list(llm.llm_engine.priorities.values())
+
+
+def step_sizes(llm: Any) -> list[int]:
+    """For Engine.run: how many requests each of the stand-in engine core's steps answered, in order."""
+    return list(llm.llm_engine.step_sizes)
 
 
 def fail(llm: Any, message: str) -> None:

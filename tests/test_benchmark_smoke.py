@@ -23,7 +23,8 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--repeats", "2", "--beside-pipeline",
                            "40", "--with-retries", "--retry-variants", "in_stream", "continue_in_stream",
-                           "in_stream", "--windows-held-per-place", "3", "--add-per-step", "5", "--out", str(out)],
+                           "in_stream", "--windows-held-per-place", "3", "--add-per-step", "5",
+                           "--flow-variants", "add_all", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
@@ -52,6 +53,15 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     assert len(pairs) == 2 and result["config"]["repeats"] == 2
     for key in ("ratio_flow_vs_raw", "ratio_generation_vs_raw"):
         assert result[key] == pytest.approx(statistics.median(p[key] for p in pairs), abs=1e-4)
+
+    # --flow-variants: the default flow and each variant beside the same raw call of every repeat
+    variants = result["sizes"]["8"]["flow_variants"]
+    assert list(variants) == ["default", "add_all"] and result["config"]["flow_variants"]["add_all"] == {
+        "add_per_step": 1_000_000}
+    assert [p["flow_wall_seconds"] for p in variants["default"]["pairs"]] == [p["flow_wall_seconds"] for p in pairs]
+    for v in variants.values():
+        assert len(v["pairs"]) == 2 and all(p["engine_steps"] > 0 and p["ratio_flow_vs_raw"] > 0 for p in v["pairs"])
+    assert "| add_all | add_per_step 1,000,000 |" in (out / "latest.md").read_text(encoding="utf-8")
 
     # the flow's time outside the engine's span: before its first request and after its last output, whose parts
     # (the last windows, then publishing) make it up
@@ -220,3 +230,56 @@ def test_benchmark_options_out_of_range_stop_with_exit_2_naming_the_option(argv,
     with pytest.raises(SystemExit) as stopped:
         parse_args(argv)
     assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_flow_variant_holds_for_its_block_only_and_the_flow_settings_come_back(monkeypatch):
+    """--flow-variants: each variant's settings apply to its flow run alone, on the engine every method shares."""
+    import flows.batch_generation as flow_module
+    from batchgen.stream import ADD_PER_STEP
+    from benchmarks.run import flow_variant, parse_args
+    from tests.engines import ProcessStandInLLM, stand_in_engine
+
+    monkeypatch.setattr(flow_module, "WINDOWS_HELD_PER_PLACE", 8)
+    monkeypatch.setattr(flow_module, "WINDOWS_HELD_PER_PLACE_NO_RETRIES", 2)
+    engine = stand_in_engine(ProcessStandInLLM(seconds=0.0), per_step=None)
+    held = lambda: (flow_module.WINDOWS_HELD_PER_PLACE, flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES)  # noqa: E731
+    try:
+        with flow_variant(engine, "held1"):
+            assert held() == (1, 1) and engine.stream.add_per_step == ADD_PER_STEP
+        assert held() == (8, 2)
+        with pytest.raises(RuntimeError):
+            with flow_variant(engine, "add_all"):
+                assert engine.stream.add_per_step == 1_000_000 and held() == (8, 2)
+                submission = engine.stream.submit([{"prompt_token_ids": [i]} for i in range(600)], [None] * 600)
+                assert len(list(submission)) == 600
+                raise RuntimeError("the flow failed")  # the settings come back all the same
+        assert engine.llm.llm_engine.step_sizes == [600]  # one step took all 600 (256 a step otherwise)
+        assert engine.stream.add_per_step == ADD_PER_STEP and held() == (8, 2)
+    finally:
+        engine.close()
+    assert parse_args(["--flow-variants", "held8", "add_all", "held8"]).flow_variants == ["default", "held8", "add_all"]
+    assert parse_args(["--flow-variants", "add_all", "default"]).flow_variants == ["default", "add_all"]
+    assert parse_args([]).flow_variants == []
+
+
+def test_each_flow_variant_is_compared_with_its_own_repeats_raw_call_and_default_flow():
+    from benchmarks.run import variant_ratios
+
+    def run(wall: float, tokens_per_second: float) -> dict:
+        return {"flow": {"wall_seconds": wall, "output_tokens_per_second": tokens_per_second, "output_tokens": 100},
+                "generation": {"output_tokens_per_second": tokens_per_second * 1.1},
+                "engine_feed": {"steps": 10, "busy_seconds": 2.0, "mean_requests": 50.4, "full_share": 0.81234}}
+
+    pairs = [{"raw": {"wall_seconds": 1.0, "output_tokens_per_second": 100.0, "engine_steps": 9,
+                      "engine_step_seconds": 1.8},
+              "runs": {"default": run(2.0, 90.0), "add_all": run(1.6, 99.0)}},
+             {"raw": {"wall_seconds": 1.0, "output_tokens_per_second": 200.0},
+              "runs": {"default": run(2.0, 150.0), "add_all": run(2.5, 160.0)}}]
+    got = variant_ratios(pairs, ["default", "add_all"])
+    assert [p["ratio_flow_vs_raw"] for p in got["add_all"]["pairs"]] == [0.99, 0.8]  # against the same repeat's raw
+    assert [p["ratio_vs_default_flow"] for p in got["add_all"]["pairs"]] == [1.25, 0.8]  # default's wall / its own
+    assert got["add_all"]["ratio_flow_vs_raw"] == pytest.approx(0.895)
+    assert got["add_all"]["ratio_vs_default_flow"] == pytest.approx(1.025)
+    assert got["default"]["ratio_vs_default_flow"] == 1.0 and got["add_all"]["settings"] == {"add_per_step": 1_000_000}
+    first = got["add_all"]["pairs"][0]
+    assert (first["engine_steps"], first["engine_full_share"], first["raw_engine_steps"]) == (10, 0.812, 9)

@@ -20,7 +20,7 @@ from batchgen.generation import top_logprobs
 from batchgen.models import ModelRef
 from batchgen.stream import StreamError
 from tests.conftest import ROOT
-from tests.engines import aborted_requests, fail, priorities_given, process_id, thread_names
+from tests.engines import aborted_requests, fail, priorities_given, process_id, step_sizes, thread_names
 
 FACTORY = "tests.engines:ProcessStandInLLM"
 MODEL = ModelRef(name="stand-in", path="/stand-in")
@@ -82,6 +82,24 @@ def test_request_priorities_cross_the_socket(engine):
     assert engine.run(priorities_given) == [0, 0, 0, -1, -2]
     feed = engine.feed()  # the engine process's stream's counters, read across the socket
     assert feed["steps"] >= 2 and feed["busy_seconds"] > 0 and feed["request_seconds"] > 0
+
+
+def test_the_engine_process_streams_requests_added_per_step_can_be_set_between_runs():
+    """benchmarks.run --flow-variants compares the stream's requests added per step on one engine: set across the
+    socket, it takes effect for the next submission, and the setting it replaced comes back."""
+    from benchmarks.run import set_add_per_step
+    from batchgen.stream import ADD_PER_STEP
+
+    engine = start(per_step=None, seconds=0.01)  # each step answers every request added before it
+    try:
+        assert set_add_per_step(engine, 2) == ADD_PER_STEP
+        assert len(list(engine.stream.submit(prompts(0, 5), [None] * 5))) == 5
+        assert engine.run(step_sizes) == [2, 2, 1]
+        assert set_add_per_step(engine, 1_000_000) == 2
+        assert len(list(engine.stream.submit(prompts(10, 5), [None] * 5))) == 5
+        assert engine.run(step_sizes)[3:] == [5]
+    finally:
+        engine.close()
 
 
 def test_calls_run_in_the_engine_process_and_their_errors_come_back(engine):
