@@ -30,10 +30,11 @@
 #   paired80_fcfs  paired80 with the engine built under vLLM's default scheduling policy (fcfs: no priorities,
 #              retries behind the first attempts still waiting), into $RES/fcfs: whether the priority queue costs
 #              the engine anything (the lease that brought it in saw raw and the flow both slower); a call of its own
-#   variants80 at 80 tokens, retries off, $REPEATS repeats (default 2) of raw vLLM and the flow three ways on one
-#              engine (as it is; a window's requests added at once; 8 windows held per place: --flow-variants
-#              add_all held8), into $RES/variants80: which of the two, if either, closes the flow's gap to raw at 80
-#              tokens; about 7.5 minutes with a cold compile cache, a call of its own
+#   variants80 at 80 tokens, retries off, $REPEATS repeats (default 2) of raw vLLM and the flow as it is and in
+#              each of $VARIANTS (default "add_all held8": a window's requests added at once; 8 windows held per
+#              place), on one engine, into $RES/variants80: which feeding, if any, closes the flow's gap to raw at 80
+#              tokens; 445 s with a cold compile cache at the defaults (each run ~30 s), a call of its own;
+#              VARIANTS=add_all REPEATS=3 fits the same time
 #   here       the same comparison at 80 and 16 tokens (HF, the loop and the retry runs on a few items only) with
 #              vLLM's front end in the run's process (--front-end here), into $RES/front-end-here: the pair of `run`
 #   run_batch  benchmarks.run_batch_compare: `vllm run-batch` against `batchgen run`, each a fresh process, on the
@@ -111,7 +112,7 @@ step paired80_fcfs 540 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --r
   --scheduling-policy fcfs --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 --with-retries \
   --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES/fcfs"
 step variants80 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-2}" \
-  --flow-variants add_all held8 --hf-items 8 --hf-batch-size 8 --serial-items 8 --retry-items 8 ${RUN_EXTRA:-} \
+  --flow-variants ${VARIANTS:-add_all held8} --hf-items 8 --hf-batch-size 8 --serial-items 8 --retry-items 8 ${RUN_EXTRA:-} \
   --out "$RES/variants80"
 step here 420 "$PY" -m benchmarks.run --front-end here --sizes 10000 --max-tokens 80 16 --hf-items 8 \
   --serial-items 4 --retry-items 8 --out "$RES/front-end-here"
