@@ -708,10 +708,6 @@ def first_results(timings: dict[str, float], body_started: float, called_at: flo
                                           "generation": f"{output_basis} minus {request_basis}"}
 
 
-# The whole job with retries on: the example job's retry settings as they are (cut-off outputs retried in the
-# generate task's stream), then with each retry's own retry started ahead as a spare (retry.ahead), then without
-# it (the default since 2026-12-04, named for runs from before), then in retry passes after validation, then
-# `continue` in the stream.
 # --flow-variants: settings of the flow compared on one engine, each beside the same raw call (settings, what it is)
 FLOW_VARIANTS: dict[str, tuple[dict[str, int], str]] = {
     "default": ({}, "the flow as it is"),
@@ -793,6 +789,10 @@ def variant_ratios(pairs: list[dict[str, Any]], variants: list[str]) -> dict[str
     return result
 
 
+# The whole job with retries on: the example job's retry settings as they are (cut-off outputs retried in the
+# generate task's stream), then with each retry's own retry started ahead as a spare (retry.ahead), then without
+# it (the default since 2026-12-04, named for runs from before), then in retry passes after validation, then
+# `continue` in the stream.
 RETRY_VARIANTS = {"in_stream": {}, "in_stream_ahead": {"ahead": True}, "in_stream_no_ahead": {"ahead": False},
                   "passes": {"in_stream": False},
                   "continue_in_stream": {"strategy": "continue"}, "in_stream_first_come": {}}
