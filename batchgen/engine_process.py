@@ -105,12 +105,16 @@ def stream_feed(llm: Any) -> dict[str, Any]:
     return _STREAMS[id(llm)].feed()
 
 
-def stream_add_per_step(llm: Any, add_per_step: int) -> int:
-    """For Engine.run: set how many requests the stream that feeds `llm` adds between two engine steps; returns the
-    setting it replaces (benchmarks.run --flow-variants compares settings on one engine)."""
-    stream = _STREAMS[id(llm)]
+def swap_add_per_step(stream: Any, add_per_step: int) -> int:
+    """Set how many requests `stream` (an EngineStream) adds between two engine steps; returns the setting it
+    replaces (benchmarks.run --flow-variants compares settings on one engine)."""
     previous, stream.add_per_step = stream.add_per_step, add_per_step
     return previous
+
+
+def stream_add_per_step(llm: Any, add_per_step: int) -> int:
+    """For Engine.run: swap_add_per_step on the stream that feeds `llm`."""
+    return swap_add_per_step(_STREAMS[id(llm)], add_per_step)
 
 
 def generate(llm: Any, prompts: list[Any], params: Any) -> list[Output]:

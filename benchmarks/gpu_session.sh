@@ -112,8 +112,8 @@ step paired80_fcfs 540 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --r
   --scheduling-policy fcfs --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 --with-retries \
   --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES/fcfs"
 step variants80 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-2}" \
-  --flow-variants ${VARIANTS:-add_all held8} --hf-items 8 --hf-batch-size 8 --serial-items 8 --retry-items 8 ${RUN_EXTRA:-} \
-  --out "$RES/variants80"
+  --flow-variants ${VARIANTS:-add_all held8} --hf-items 8 --hf-batch-size 8 --serial-items 8 --retry-items 8 \
+  ${RUN_EXTRA:-} --out "$RES/variants80"
 step here 420 "$PY" -m benchmarks.run --front-end here --sizes 10000 --max-tokens 80 16 --hf-items 8 \
   --serial-items 4 --retry-items 8 --out "$RES/front-end-here"
 step run_batch 540 "$PY" -m benchmarks.run_batch_compare --items 10000 --max-tokens 80 --out "$RES/run-batch"

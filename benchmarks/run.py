@@ -721,17 +721,11 @@ FLOW_VARIANTS: dict[str, tuple[dict[str, int], str]] = {
 def set_add_per_step(engine: Any, add_per_step: int) -> int:
     """Set how many requests the engine's stream adds between two steps, on the stream's thread while the engine
     is idle; returns the setting it replaces."""
-    from batchgen.engine_process import ProcessEngine, stream_add_per_step
+    from batchgen.engine_process import ProcessEngine, stream_add_per_step, swap_add_per_step
 
     if isinstance(engine, ProcessEngine):
         return engine.run(stream_add_per_step, add_per_step)
-    stream = engine.stream
-
-    def swap() -> int:
-        previous, stream.add_per_step = stream.add_per_step, add_per_step
-        return previous
-
-    return stream.call(swap)
+    return engine.stream.call(lambda: swap_add_per_step(engine.stream, add_per_step))
 
 
 @contextmanager
@@ -765,27 +759,19 @@ def variant_ratios(pairs: list[dict[str, Any]], variants: list[str]) -> dict[str
             raw, run, default = pair["raw"], pair["runs"][name], pair["runs"]["default"]
             feed = run["engine_feed"] or {}
             rows.append({
-                "raw_wall_seconds": raw["wall_seconds"],
-                "raw_output_tokens_per_second": raw["output_tokens_per_second"],
+                **pair_row(raw, run),
                 "raw_engine_steps": raw.get("engine_steps"),
                 "raw_engine_step_seconds": raw.get("engine_step_seconds"),
-                "flow_wall_seconds": run["flow"]["wall_seconds"],
-                "flow_output_tokens_per_second": run["flow"]["output_tokens_per_second"],
                 "flow_output_tokens": run["flow"]["output_tokens"],
-                "generation_output_tokens_per_second": run["generation"]["output_tokens_per_second"],
                 "engine_steps": feed.get("steps"),
                 "engine_busy_seconds": None if feed.get("busy_seconds") is None else round(feed["busy_seconds"], 3),
                 "engine_mean_requests": None if feed.get("mean_requests") is None else round(feed["mean_requests"]),
                 "engine_full_share": None if feed.get("full_share") is None else round(feed["full_share"], 3),
-                "ratio_flow_vs_raw": ratio(run["flow"]["output_tokens_per_second"], raw["output_tokens_per_second"]),
-                "ratio_generation_vs_raw": ratio(run["generation"]["output_tokens_per_second"],
-                                                 raw["output_tokens_per_second"]),
                 # above 1: this variant's flow was faster than the default flow of the same repeat
                 "ratio_vs_default_flow": ratio(default["flow"]["wall_seconds"], run["flow"]["wall_seconds"]),
             })
-        result[name] = {"settings": FLOW_VARIANTS[name][0], "pairs": rows, **{
-            key: round(statistics.median(r[key] for r in rows), 4) if all(r[key] for r in rows) else None
-            for key in ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_vs_default_flow")}}
+        result[name] = {"settings": FLOW_VARIANTS[name][0], "pairs": rows,
+                        **medians(rows, ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_vs_default_flow"))}
     return result
 
 
@@ -1024,22 +1010,28 @@ def check_engine_spec(job: Any) -> None:
 def paired_ratios(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     """Each pair's flow/raw and generation/raw (output tokens/s), their medians, and the pair whose flow/raw is the
     (lower) median: its figures stand for the size in the tables. One pair: its own ratios."""
-    rows = []
-    for pair in pairs:
-        raw, run = pair["raw"], pair["run"]
-        rows.append({"raw_output_tokens_per_second": raw["output_tokens_per_second"],
-                     "raw_wall_seconds": raw["wall_seconds"],
-                     "flow_output_tokens_per_second": run["flow"]["output_tokens_per_second"],
-                     "flow_wall_seconds": run["flow"]["wall_seconds"],
-                     "generation_output_tokens_per_second": run["generation"]["output_tokens_per_second"],
-                     "ratio_flow_vs_raw": ratio(run["flow"]["output_tokens_per_second"],
-                                                raw["output_tokens_per_second"]),
-                     "ratio_generation_vs_raw": ratio(run["generation"]["output_tokens_per_second"],
-                                                      raw["output_tokens_per_second"])})
+    rows = [pair_row(pair["raw"], pair["run"]) for pair in pairs]
     by_flow = sorted(range(len(rows)), key=lambda i: rows[i]["ratio_flow_vs_raw"] or 0)
     return {"pairs": rows, "median_pair": by_flow[(len(rows) - 1) // 2],
-            **{key: round(statistics.median(r[key] for r in rows), 4) if all(r[key] for r in rows) else None
-               for key in ("ratio_flow_vs_raw", "ratio_generation_vs_raw")}}
+            **medians(rows, ("ratio_flow_vs_raw", "ratio_generation_vs_raw"))}
+
+
+def pair_row(raw: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """One raw call and one flow run: their rates and walls, flow / raw and generation / raw (output tokens/s)."""
+    return {"raw_output_tokens_per_second": raw["output_tokens_per_second"],
+            "raw_wall_seconds": raw["wall_seconds"],
+            "flow_output_tokens_per_second": run["flow"]["output_tokens_per_second"],
+            "flow_wall_seconds": run["flow"]["wall_seconds"],
+            "generation_output_tokens_per_second": run["generation"]["output_tokens_per_second"],
+            "ratio_flow_vs_raw": ratio(run["flow"]["output_tokens_per_second"], raw["output_tokens_per_second"]),
+            "ratio_generation_vs_raw": ratio(run["generation"]["output_tokens_per_second"],
+                                             raw["output_tokens_per_second"])}
+
+
+def medians(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, float | None]:
+    """Each key's median over the rows (None where a row lacks it)."""
+    return {key: round(statistics.median(r[key] for r in rows), 4) if all(r[key] for r in rows) else None
+            for key in keys}
 
 
 def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: dict[int, Path],
