@@ -16,10 +16,15 @@ import pandas as pd
 
 from batchgen.gx_expectations import OUTPUT_COLUMNS
 from batchgen.gx_results import ROW_LISTS
-from batchgen.job import ExpectationsSpec
+from batchgen.job import ExpectationsSpec, JobError, first_line
 from expectations.suite import build_suite
 
 ROW_KEY = "row_key"
+
+
+class ExpectationError(JobError):
+    """An expectation GX could not evaluate on the outputs (a comparison their type does not allow, a library it
+    could not load): no output may be judged by it, so the window stops instead of every output passing it."""
 
 
 @dataclass
@@ -96,12 +101,35 @@ def validate_frame(frame: pd.DataFrame, spec: ExpectationsSpec, suite_name: str,
             keys = frame[ROW_KEY].tolist()
             for outcome in result.results:
                 name = outcome.expectation_config.meta.get("batchgen_id", outcome.expectation_config.type)
+                _stop_if_raised(outcome, name, spec)
                 for position in outcome.result.get("unexpected_index_list") or []:
                     if name not in failed[position]:
                         failed[position].append(name)
                 _bound_lists(outcome.result, keys)
             result_json = result_as_json(result)
     return failed, result_json
+
+
+def _raised_message(exception_info: Any) -> str | None:
+    """GX's message where evaluating an expectation raised, else None. GX keeps one exception_info for the
+    expectation, or one per metric it computed for it; either way a failure reads as `success: False` with no
+    unexpected rows, which would let every output pass."""
+    if not isinstance(exception_info, dict):
+        return None
+    for info in [exception_info, *exception_info.values()]:
+        if isinstance(info, dict) and info.get("raised_exception"):
+            return first_line(str(info.get("exception_message") or "an exception without a message"))
+    return None
+
+
+def _stop_if_raised(outcome: Any, name: str, spec: ExpectationsSpec) -> None:
+    message = _raised_message(outcome.exception_info)
+    if message is None:
+        return
+    field = next((f"expectations.gx.{number}" + (f" ({name})" if entry.id else "")
+                  for number, entry in enumerate(spec.gx) if entry.name == name), f"the expectation {name}")
+    raise ExpectationError(f"{field}: Great Expectations could not evaluate {outcome.expectation_config.type} on "
+                           f"the outputs: {message}")
 
 
 # GX suites ready to validate: an ephemeral context, its pandas data source, the batch definition and the saved

@@ -159,6 +159,22 @@ def test_temperature_vllm_refuses_stops_check_and_run(tmp_path, command):
                  "sampling.temperature: vLLM refuses it: temperature must be in [0, 2], got 5.0.")
 
 
+# ------------------------------------------------------------------ the job's own GX expectations
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_gx_expectation_that_cannot_evaluate_the_outputs_stops_before_the_engine(tmp_path, command):
+    """GX accepts the expectation's arguments, but comparing the text with a number raises in its metric: evaluated
+    on a sample output before the engine starts, it stops the job naming it (GX would otherwise pass every output)."""
+    job = job_file(tmp_path, expectations={"gx": [
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "text", "min_value": 5}}]})
+    code, err, _ = invoke(command, job)
+    assert code == EXIT_BAD_JOB, err
+    assert err.strip().splitlines()[-1].startswith(
+        "batchgen: expectations.gx.0: Great Expectations could not evaluate expect_column_values_to_be_between on "
+        "the outputs: "), err
+    assert not (tmp_path / "out" / "publications").exists()
+
+
 def test_stop_token_outside_the_vocabulary_exits_2(tmp_path):
     job = job_file(tmp_path, sampling={"stop_token_ids": [10_000_000]})
     assert_stops(*invoke("check", job)[:2], EXIT_BAD_JOB,

@@ -291,3 +291,34 @@ def test_validations_on_many_threads_share_contexts_one_at_a_time_with_the_same_
     with ThreadPoolExecutor(max_workers=1) as fresh:  # a thread that never validated before
         fresh.submit(validate_rows, rows, SPEC, keywords, suite_name="unit-threads").result()
     assert made[-1] in made[:-1]  # it took a context given back
+
+
+def test_an_expectation_gx_cannot_evaluate_stops_the_window_instead_of_passing_every_output(monkeypatch):
+    """GX reports an expectation whose metric raised as failed with no unexpected rows; read row by row, every output
+    would pass it. A job's own expectation comparing the text with a number, and the grammar check without its
+    grammar engine, each stop validation naming the expectation and GX's reason."""
+    from expectations import suite
+    from expectations.validate import ExpectationError
+
+    rows = pd.DataFrame({"item_id": list("abc"), "candidate": 0, "attempt": 1, "text": ["(12)", "(12", "12"],
+                         "finish_reason": "stop"})
+    spec = ExpectationsSpec(require_stop=False, gx=[
+        {"type": "expect_column_value_lengths_to_be_between", "kwargs": {"column": "text", "min_value": 3}},
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "text", "min_value": 5}, "id": "big"},
+    ])
+    with pytest.raises(ExpectationError, match=r"^expectations\.gx\.1 \(big\): Great Expectations could not "
+                                               r"evaluate expect_column_values_to_be_between on the outputs: \S"):
+        validate_rows(rows, spec, None, "unit-unevaluable")
+
+    def no_engine(grammar):
+        raise RuntimeError("the grammar engine could not be loaded")
+
+    monkeypatch.setattr(suite, "grammar_matcher", no_engine)
+    with pytest.raises(ExpectationError, match="^the expectation grammar: .* the grammar engine could not be loaded$"):
+        validate_rows(rows, ExpectationsSpec(require_stop=False), None, "unit-unevaluable-grammar",
+                      structured=("grammar", 'root ::= "(" [0-9]+ ")"'))
+    monkeypatch.undo()
+    # the same suites judge rows again once they can be evaluated
+    verdicts = validate_rows(rows, ExpectationsSpec(require_stop=False), None, "unit-unevaluable-grammar",
+                             structured=("grammar", 'root ::= "(" [0-9]+ ")"')).verdicts
+    assert verdicts["passed"].tolist() == [True, False, False]
