@@ -158,3 +158,28 @@ def test_outputs_failing_an_expectation_in_retry_on_are_resampled_and_the_manife
     if len(resampled_winners):
         assert f'data-rescued="beta_or_gamma">{len(resampled_winners)}<' in page
 
+
+
+def test_an_expectation_gx_cannot_evaluate_mid_run_stops_it_and_the_rerun_reuses_its_outputs(runs, tmp_path,
+                                                                                               monkeypatch):
+    """The safety net behind the check before the engine (stood aside here): an expectation GX cannot evaluate on
+    the real outputs stops the run with a job error naming it and publishes nothing, instead of passing every
+    output; once it is mended, the rerun reuses every generation the stopped run committed."""
+    import tasks.check
+    from expectations.validate import ExpectationError
+
+    bad = {"type": "expect_column_values_to_be_between", "kwargs": {"column": "text", "min_value": 5}}
+    job = product_job(tmp_path, 3, engine=ENGINE, sampling={"max_tokens": 6}, retry={"max_passes": 0},
+                      expectations={"min_chars": None, "keyword_column": None, "require_stop": False, "gx": [bad]})
+    monkeypatch.setattr(tasks.check, "check_expectations", lambda spec: None)
+    with pytest.raises(ExpectationError, match=r"^expectations\.gx\.0: Great Expectations could not evaluate "
+                                               r"expect_column_values_to_be_between on the outputs: \S"):
+        run(job)
+    assert not (tmp_path / "out" / "current").exists()
+
+    monkeypatch.undo()
+    job["expectations"]["gx"] = [{**bad, "kwargs": {"column": "n_output_tokens", "min_value": 1}}]
+    manifest = run(job)
+    assert manifest["counts"]["items"] == 3 and manifest["counts"]["accepted"] == 3
+    assert manifest["tokens"]["generated_this_run"] == 0
+    assert manifest["counts"]["reused"] == manifest["counts"]["attempts"] == 3
