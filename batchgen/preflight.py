@@ -126,9 +126,10 @@ def check_cpu_limits(spec: JobSpec) -> None:
         raise JobError(f"{problem[0]}: not on a CPU build of vLLM: {problem[1]}")
 
 
-# One output as the validate task's rows hold it (the attempt record's columns and their types).
+# One output as the validate task's rows hold it (the attempt record's columns and their types; it ended on a stop
+# string).
 SAMPLE_OUTPUT = {"item_id": "sample", "candidate": 0, "attempt": 1, "text": "A sample output.", "finish_reason": "stop",
-                 "stop_reason": None, "n_output_tokens": 4, "n_prompt_tokens": 12, "cumulative_logprob": -1.5}
+                 "stop_reason": "\n\n", "n_output_tokens": 4, "n_prompt_tokens": 12, "cumulative_logprob": -1.5}
 
 
 def check_expectations(spec: JobSpec) -> None:
