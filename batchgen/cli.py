@@ -114,9 +114,12 @@ def _load(job: Path, limit: int | None, sets: list[str] | None):
 def _preflight(spec, model: bool = True):
     """Every check that needs no engine (batchgen.preflight); a user's mistake ends here with its exit code."""
     from batchgen.preflight import preflight
+    from expectations.check import check_expectations
 
     with _user_errors():
-        return preflight(spec, model=model)
+        checked = preflight(spec, model=model)
+        check_expectations(spec)  # the job's own GX expectations, on a sample output
+        return checked
 
 
 def _batch_flow(retries: int | None):

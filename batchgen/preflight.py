@@ -5,8 +5,8 @@ output folder, the input, the templates (compiled, then rendered for every row: 
 render fails is that row's rejection), the model (folder, files, hub), `engine.max_model_len`
 against the model's, and the sampling values against the installed vLLM's own validation
 (`SamplingParams` and its `verify` against the model's config), the job's and every row's
-overrides alike, and the job's own GX expectations on a sample output. A user's mistake raises
-JobError (the job) or DataError (the input).
+overrides alike. A user's mistake raises JobError (the job) or DataError (the input). (The job's
+own GX expectations are tried on a sample output by expectations.check, a layer above.)
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from batchgen.prepare import check_columns, render_prompts
 from batchgen.prompts import BuiltPrompts
 from batchgen.vllm_checks import cpu_problem, first_sentence, sampling_problem
 
-__all__ = ["Checked", "DataError", "JobError", "check_engine", "check_expectations", "check_output_dir",
-           "check_sampling", "preflight", "preview_prompts", "sample_outputs", "truncation_estimate"]
+__all__ = ["Checked", "DataError", "JobError", "check_engine", "check_output_dir", "check_sampling", "preflight",
+           "preview_prompts", "sample_outputs", "truncation_estimate"]
 
 
 @dataclass
@@ -126,27 +126,6 @@ def check_cpu_limits(spec: JobSpec) -> None:
         raise JobError(f"{problem[0]}: not on a CPU build of vLLM: {problem[1]}")
 
 
-# One output as the validate task's rows hold it (the attempt record's columns and their types; it ended on a stop
-# string).
-SAMPLE_OUTPUT = {"item_id": "sample", "candidate": 0, "attempt": 1, "text": "A sample output.", "finish_reason": "stop",
-                 "stop_reason": "\n\n", "n_output_tokens": 4, "n_prompt_tokens": 12, "cumulative_logprob": -1.5}
-
-
-def check_expectations(spec: JobSpec) -> None:
-    """The job's own GX expectations (expectations.gx), evaluated once on a sample output: one that GX cannot
-    evaluate on the outputs' columns (a text column compared with a number, say) is a JobError naming it here,
-    not a failed window after the engine has started."""
-    if not spec.expectations.gx:
-        return
-    import pandas as pd
-
-    from expectations.validate import validate_rows
-
-    keywords = pd.Series({"sample": "sample"}) if spec.expectations.keyword_column else None
-    validate_rows(pd.DataFrame([SAMPLE_OUTPUT]), spec.expectations, keywords, f"{spec.name}-check",
-                  structured=spec.sampling.structured)
-
-
 def check_sampling(sampling: SamplingSpec, model_config: Any = None, tokenizer: Any = None) -> None:
     """The job's sampling values against the installed vLLM's own validation: a JobError naming the field."""
     problem = sampling_problem(sampling, model_config, tokenizer)
@@ -172,7 +151,6 @@ def preflight(spec: JobSpec, model: bool = True) -> Checked | None:
         loaded = select_shard(loaded, spec.input.shard_index, spec.input.shard_count)
     check_columns(spec, loaded.columns)
     check_cpu_limits(spec)
-    check_expectations(spec)
     if not model:
         check_sampling(spec.sampling)
         return None

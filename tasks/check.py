@@ -6,7 +6,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from batchgen.job import JobSpec
-from batchgen.preflight import check_cpu_limits, check_engine, check_expectations, check_output_dir, check_sampling
+from batchgen.preflight import check_cpu_limits, check_engine, check_output_dir, check_sampling
+from expectations.check import check_expectations
 
 
 @task(name="check-job", cache_policy=NO_CACHE, task_run_name="check-job")
