@@ -322,3 +322,16 @@ def test_an_expectation_gx_cannot_evaluate_stops_the_window_instead_of_passing_e
     verdicts = validate_rows(rows, ExpectationsSpec(require_stop=False), None, "unit-unevaluable-grammar",
                              structured=("grammar", 'root ::= "(" [0-9]+ ")"')).verdicts
     assert verdicts["passed"].tolist() == [True, False, False]
+
+
+def test_the_sample_output_checked_before_the_engine_holds_every_output_column():
+    """expectations.check tries a job's own GX expectations on one sample output: an expectation on any output
+    column a job may name evaluates there (a column missing from the sample would stop a valid job)."""
+    from batchgen.gx_expectations import OUTPUT_COLUMNS
+    from batchgen.job import job_from_dict
+    from expectations.check import check_expectations
+    from tests.jobs import job_with
+
+    gx = [{"type": "expect_column_values_to_not_be_null", "id": f"has_{column}", "kwargs": {"column": column}}
+          for column in OUTPUT_COLUMNS]
+    check_expectations(job_from_dict(job_with(expectations={"gx": gx})))  # keyword_column is set: keyword_present
