@@ -59,13 +59,19 @@ def test_task_runs_are_named_by_window_and_pass(tmp_path, prefect_server, stand_
     assert sorted(run.name for run in runs) == sorted(expected)
     assert all(run.state.is_completed() for run in runs)
     # each validate and generate task's artifact belongs to its task run: an expectations table per validation,
-    # a progress per generate task, done
+    # a progress per generate task, done. Prefect's client sends a request again when its answer is late
+    # (PREFECT_API_REQUEST_TIMEOUT), and a server too busy to answer in time has then made the artifact twice, the
+    # task's updates going to one of them (CI once; made to happen with PREFECT_API_REQUEST_TIMEOUT=0.03): so each
+    # task run's own artifacts are compared, with the progress the task last set
     by_id = {run.id: run.name for run in runs}
     made = asyncio.run(artifacts())
-    tables = sorted(by_id[a.task_run_id] for a in made if a.type == "table")
-    assert tables == sorted(run.name for run in runs if run.name.startswith("validate-"))
-    progress = sorted((by_id[a.task_run_id], float(a.data)) for a in made if a.type == "progress")
-    assert progress == sorted((run.name, 100.0) for run in runs if run.name.startswith("generate-"))
+    tables = {by_id[a.task_run_id] for a in made if a.type == "table"}
+    assert tables == {run.name for run in runs if run.name.startswith("validate-")}
+    progress: dict[str, float] = {}
+    for a in made:
+        if a.type == "progress":
+            progress[by_id[a.task_run_id]] = max(float(a.data), progress.get(by_id[a.task_run_id], 0.0))
+    assert progress == {run.name: 100.0 for run in runs if run.name.startswith("generate-")}
     # the publish task says where its time went, in its own log: the seal, the report and its parts, the commit
     publish = next(run.id for run in runs if run.name == "publish")
     lines = publish_log(publish)
