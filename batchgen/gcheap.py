@@ -10,6 +10,10 @@ of the run's wall time, all of it holding the interpreter while the engine waite
 (`gc.freeze`, as vLLM does with its own heap once its server is up): collections then walk only what the run itself
 made. The objects stay alive as long as they are referenced, as before; the freeze is undone when the run ends, so
 that cycles left over from earlier calls in a long-lived process (a worker, a test session) are collected as ever.
+
+`give_back_freed()` hands what the allocators keep after the input's parse back to the system (the load task calls
+it): the parse runs in one thread and the windows in others, whose malloc arenas never reuse the loading thread's
+free pages.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import gc
 import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 from contextlib import contextmanager
 
 _LOCK = threading.Lock()
@@ -50,3 +55,31 @@ def freeze_more() -> None:
     with _LOCK:
         if _DEPTH > 0:
             gc.freeze()
+
+
+def give_back_freed() -> None:
+    """Hand the memory the allocators keep after a large parse back to the system: Arrow's pool (what its reader
+    freed) and, with glibc, malloc's free pages (`malloc_trim`). After loading 200,000 CSV rows it gave back 31 MB
+    in 2.3 ms; a run's peak RSS at 200,000 items fell by 5-34 MB (benchmarks/results/cpu-give-back-freed/)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+_TRIM: list[Any] = []
+
+
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
+    if not _TRIM:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _TRIM.append(getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim"))
+        except (OSError, AttributeError):
+            _TRIM.append(None)
+    return _TRIM[0]

@@ -50,19 +50,51 @@ MB = 2**20
 
 
 class PeakRss:
-    """This process's peak RSS over a stretch of time (ru_maxrss cannot be reset after the warm-up run)."""
+    """This process's peak RSS over a stretch of time (ru_maxrss cannot be reset after the warm-up run), and its
+    samples' times (perf_counter), to split the peak by the run's phases."""
 
     def __init__(self, interval: float = 0.05):
         import psutil
 
         self._proc, self._interval = psutil.Process(), interval
         self.peak = self._proc.memory_info().rss
+        self.samples: list[tuple[float, int]] = [(time.perf_counter(), self.peak)]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pipeline-only-rss", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            self.peak = max(self.peak, self._proc.memory_info().rss)
+            rss = self._proc.memory_info().rss
+            self.samples.append((time.perf_counter(), rss))
+            self.peak = max(self.peak, rss)
+
+    def timeline(self, start: float, points: int = 100) -> list[list[float]]:
+        """[seconds from `start`, MB]: the highest sample of each of up to `points` equal stretches of the run."""
+        taken = [(at - start, rss) for at, rss in self.samples if at >= start]
+        if not taken:
+            return []
+        span = max(taken[-1][0], 1e-9)
+        kept: dict[int, tuple[float, int]] = {}
+        for at, rss in taken:
+            slot = min(int(points * at / span), points - 1)
+            if slot not in kept or rss > kept[slot][1]:
+                kept[slot] = (at, rss)
+        return [[round(at, 2), round(rss / MB, 1)] for at, rss in kept.values()]
+
+    def slope(self, start: float, end: float) -> float | None:
+        """RSS's least-squares trend from `start` to `end` (perf_counter), in bytes per second; None with fewer
+        than 10 samples."""
+        import numpy as np
+
+        taken = [(at, rss) for at, rss in self.samples if start <= at <= end]
+        if len(taken) < 10:
+            return None
+        at, rss = np.array(taken, dtype=float).T
+        return float(np.polyfit(at - at[0], rss, 1)[0])
+
+    def peak_between(self, start: float, end: float) -> int:
+        """The highest sample taken from `start` to `end` (perf_counter); 0 when none was."""
+        return max((rss for at, rss in self.samples if start <= at <= end), default=0)
 
     def __enter__(self) -> PeakRss:
         self._thread.start()
@@ -71,7 +103,9 @@ class PeakRss:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
-        self.peak = max(self.peak, self._proc.memory_info().rss)
+        rss = self._proc.memory_info().rss
+        self.samples.append((time.perf_counter(), rss))
+        self.peak = max(self.peak, rss)
 
 
 def published_counts(out: Path) -> dict[str, int]:
@@ -220,6 +254,7 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
         shutil.rmtree(work, ignore_errors=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
     counts, timings = manifest["counts"], manifest["timings_seconds"]
+    before_publish = started + timings.get("total_before_publish", wall)
     figures = {
         "items": n,
         "max_tokens": max_tokens,
@@ -244,11 +279,27 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
         "peak_rss_during_run_mb": round(rss.peak / MB, 1),
         "peak_rss_mb": round(peak / MB, 1),  # ru_maxrss: the process's peak over its life, warm-up included
         "peak_above_warm_up_mb": round((rss.peak - rss_after_warm_up) / MB, 1),
+        # where the peak falls: up to the publish step (windows in flight, staging), and from it on (the seal,
+        # the report); the flow's own clock starts a little after `started`
+        "peak_rss_before_publish_mb": round(rss.peak_between(started, before_publish) / MB, 1),
+        "peak_rss_from_publish_mb": round(rss.peak_between(before_publish, float("inf")) / MB, 1),
+        # whether memory grows as items pass, whatever the input's size: RSS's trend over the last three quarters
+        # of the stream (after the first windows have filled the places), per item passing at the run's pace
+        "rss_trend_in_run_kb_per_item": _per_item(rss.slope(started + (before_publish - started) / 4,
+                                                            before_publish), n / wall if wall > 0 else 0),
+        "rss_timeline_mb": rss.timeline(started),
         "tokenizer_alone": tokenizer_alone,
     }
     if profiles is not None:
         figures["profile"] = profiles.write(profile_dir, n)
     return figures
+
+
+def _per_item(bytes_per_second: float | None, items_per_second: float) -> float | None:
+    """A trend in bytes per second as KB per item at `items_per_second`."""
+    if bytes_per_second is None or items_per_second <= 0:
+        return None
+    return round(bytes_per_second / items_per_second / 1024, 4)
 
 
 def prefect_records(flow_run_id: str | None, settle: float = 2.0, longest: float = 60.0) -> dict[str, int]:
@@ -356,6 +407,10 @@ def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None
         small = result["sizes"][str(low)]
         result["peak_slope_kb_per_item"] = round(1024 * (top["peak_rss_during_run_mb"]
                                                          - small["peak_rss_during_run_mb"]) / (high - low), 3)
+        for phase in ("before_publish", "from_publish"):
+            key = f"peak_rss_{phase}_mb"
+            if key in top and key in small:
+                result[f"peak_slope_{phase}_kb_per_item"] = round(1024 * (top[key] - small[key]) / (high - low), 3)
     result["finished_at"] = datetime.now(timezone.utc).isoformat()
     result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return result

@@ -496,6 +496,14 @@ def render_pipeline_only(section: dict[str, Any], heading: str = "## The pipelin
               + (f" Peak RSS during the run grows by {section['peak_slope_kb_per_item']:.2f} KB per item from "
                  f"{int(sizes[0]):,} to {int(sizes[-1]):,} items." if section.get("peak_slope_kb_per_item")
                  is not None else ""), ""]
+    top = section["sizes"][sizes[-1]]
+    trends = [(int(size), section["sizes"][size].get("rss_trend_in_run_kb_per_item")) for size in sizes]
+    if top.get("peak_rss_before_publish_mb") is not None and any(kb is not None for _, kb in trends):
+        lines += ["Memory as items pass: RSS's trend over the last three quarters of each run's stream, "
+                  + ", ".join(f"{_num(kb, 3)} KB per item at {size:,}" for size, kb in trends if kb is not None)
+                  + f"; at {int(sizes[-1]):,} items the peak up to the publish step is "
+                  f"{_mb(top['peak_rss_before_publish_mb'])} MB and from it on {_mb(top['peak_rss_from_publish_mb'])} "
+                  "MB (`rss_timeline_mb` in latest.json: the run's RSS over time).", ""]
     alone = section["sizes"][sizes[-1]].get("tokenizer_alone")
     if alone:
         lines += [f"Tokenizer alone: the same {alone['items']:,} chat-templated prompts ({alone['prompt_tokens_per_item']:.0f} "

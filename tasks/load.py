@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from batchgen.gcheap import give_back_freed
 from batchgen.items import LoadedItems, load_items, take_kept_load
 from batchgen.job import JobSpec
 from batchgen.shards import select_shard
@@ -22,5 +23,6 @@ def load_items_task(job: JobSpec) -> LoadedItems:
     if job.input.shard_count is not None:
         loaded = select_shard(loaded, job.input.shard_index, job.input.shard_count)
         shard = f" (shard {job.input.shard_index + 1} of {job.input.shard_count})"
+    give_back_freed()  # what the parse (here or in the CLI's checks) and the shard's selection freed: gcheap.py
     print(f"load: {len(loaded.items)} items from {job.input.path}{shard}, {len(loaded.rejected)} rejected")
     return loaded

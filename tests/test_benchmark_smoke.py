@@ -136,6 +136,14 @@ def test_pipeline_only_benchmark_reports_items_per_second_and_publishes_every_it
     assert published["accepted_rows"] + published["rejected_rows"] == 50 and published["distinct_item_ids"] == 50
     assert figures["engine"]["calls"] >= 1 and figures["peak_rss_during_run_mb"] >= figures["rss_after_warm_up_mb"] > 0
     assert figures["cpu_seconds"]["main"] > 0  # what the run asked of the host's cores
+    # where the peak falls (before the publish step, or from it on) and the run's RSS over time, from the same samples
+    phases = figures["peak_rss_before_publish_mb"], figures["peak_rss_from_publish_mb"]
+    assert 0 < min(phases) and max(phases) <= figures["peak_rss_during_run_mb"]
+    timeline = figures["rss_timeline_mb"]
+    assert timeline and max(mb for _, mb in timeline) <= figures["peak_rss_during_run_mb"]
+    times = [at for at, _ in timeline]
+    assert times == sorted(times) and times[-1] <= figures["wall_seconds"] + 5
+    assert "rss_trend_in_run_kb_per_item" in figures
     alone = figures["tokenizer_alone"]  # the ceiling any tokenizing pipeline has on this machine
     assert alone["items"] == 50 and alone["items_per_second"] > 0 and alone["prompt_tokens_per_item"] > 10
     page = (out / "latest.md").read_text(encoding="utf-8")
