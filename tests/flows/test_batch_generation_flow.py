@@ -91,9 +91,11 @@ def test_flow_retries_cut_off_items_and_publishes_each_item_once(tmp_path, prefe
     assert run.state.is_completed()
     summaries = [a for a in artifacts if a.key == "test-products-summary" and a.flow_run_id == run.id]
     assert summaries and "| accepted | 20 (100.0%) |" in summaries[0].data
-    # each generate task's progress, made once its requests were in the engine, ends done
+    # each generate task's progress, made once its requests were in the engine, ends done; one generate task, the
+    # retries in its stream (by task run: a server too slow to answer in time may have made its artifact twice,
+    # tests/flows/test_flow_task_runs.py)
     progress = [a for a in artifacts if a.type == "progress" and a.flow_run_id == run.id]
-    assert len(progress) == 1 and float(progress[0].data) == 100.0  # one generate task: the retries in its stream
+    assert len({a.task_run_id for a in progress}) == 1 and max(float(a.data) for a in progress) == 100.0
     # ... with the run report's figures; the report and Data Docs are part of the publication.
     assert "| attempt | length | stop |\n| --- | --- | --- |\n| 1 | 20 | 0 |\n| 2 | 0 | 20 |" in summaries[0].data
     assert "| retry 1 | truncated | 20 | 0 | 100.0% |" in summaries[0].data
