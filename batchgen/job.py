@@ -266,7 +266,8 @@ class SamplingSpec(_Section):
     ignore_eos: bool = Field(False, description="Keep generating past the end-of-sequence token, up to max_tokens.")
     seed: int | None = Field(
         None,
-        description="Per-request seed (SamplingParams.seed): the same job samples the same outputs; candidate i "
+        description="Per-request seed (SamplingParams.seed): each request draws the same random numbers in every "
+        "run (its output may still change with what shares its engine step: docs/generation.md); candidate i "
         "gets seed+i, a resampled attempt a fresh seed. CPU builds: only with temperature 0 (a seeded request "
         "with temperature > 0 crashes the CPU engine); engine.seed seeds the engine instead.",
     )
