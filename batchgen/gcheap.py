@@ -18,11 +18,11 @@ free pages.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 _LOCK = threading.Lock()
@@ -69,17 +69,13 @@ def give_back_freed() -> None:
         trim(0)
 
 
-_TRIM: list[Any] = []
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS, Windows)."""
+    import ctypes
+    import ctypes.util
 
-
-def _malloc_trim() -> Any:
-    """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
-    if not _TRIM:
-        import ctypes
-        import ctypes.util
-
-        try:
-            _TRIM.append(getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim"))
-        except (OSError, AttributeError):
-            _TRIM.append(None)
-    return _TRIM[0]
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim")
+    except (OSError, AttributeError):
+        return None
