@@ -409,8 +409,7 @@ def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None
                                                          - small["peak_rss_during_run_mb"]) / (high - low), 3)
         for phase in ("before_publish", "from_publish"):
             key = f"peak_rss_{phase}_mb"
-            if key in top and key in small:
-                result[f"peak_slope_{phase}_kb_per_item"] = round(1024 * (top[key] - small[key]) / (high - low), 3)
+            result[f"peak_slope_{phase}_kb_per_item"] = round(1024 * (top[key] - small[key]) / (high - low), 3)
     result["finished_at"] = datetime.now(timezone.utc).isoformat()
     result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return result

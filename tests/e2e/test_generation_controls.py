@@ -159,7 +159,6 @@ def test_outputs_failing_an_expectation_in_retry_on_are_resampled_and_the_manife
         assert f'data-rescued="beta_or_gamma">{len(resampled_winners)}<' in page
 
 
-
 def test_an_expectation_gx_cannot_evaluate_mid_run_stops_it_and_the_rerun_reuses_its_outputs(runs, tmp_path,
                                                                                                monkeypatch):
     """The safety net behind the check before the engine (stood aside here): an expectation GX cannot evaluate on

@@ -70,7 +70,8 @@ def test_task_runs_are_named_by_window_and_pass(tmp_path, prefect_server, stand_
     progress: dict[str, float] = {}
     for a in made:
         if a.type == "progress":
-            progress[by_id[a.task_run_id]] = max(float(a.data), progress.get(by_id[a.task_run_id], 0.0))
+            name = by_id[a.task_run_id]
+            progress[name] = max(float(a.data), progress.get(name, 0.0))
     assert progress == {run.name: 100.0 for run in runs if run.name.startswith("generate-")}
     # the publish task says where its time went, in its own log: the seal, the report and its parts, the commit
     publish = next(run.id for run in runs if run.name == "publish")
