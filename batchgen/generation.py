@@ -114,6 +114,8 @@ def request_keys(requests: list[GenRequest], sampling: dict[str, Any], model_ide
                        len(r.prompt_token_ids), len(r.prefix_token_ids))).encode())
         h.update(array("q", r.prompt_token_ids).tobytes())
         h.update(array("q", r.prefix_token_ids).tobytes())
+        if r.fresh_seed:  # only then: the keys of every other request stay as they were
+            h.update(b"fresh_seed")
         keys.append(h.hexdigest()[:32])
     return keys
 
@@ -208,9 +210,10 @@ def engine_budget(base: dict[str, Any], request: GenRequest) -> dict[str, Any]:
         kwargs["temperature"] = request.temperature
     if base.get("seed") is not None and request.candidate is not None:
         # vLLM seeds candidate i of a request with seed+i: a grown or continued candidate keeps its seed, a
-        # resampled one gets a seed no other candidate or attempt of the item has.
+        # resampled one (or one drawn afresh after a continuation) gets a seed no other candidate or attempt of
+        # the item has.
         offset = request.candidate
-        if request.strategy == "resample":
+        if request.strategy == "resample" or request.fresh_seed:
             offset += base.get("n", 1) * (request.attempt - 1)
         kwargs["seed"] = base["seed"] + offset
     return kwargs

@@ -523,9 +523,11 @@ class RetrySpec(_Section):
         "max_temperature). With 0 a resample draws again at the same temperature.",
     )
     max_temperature: float = Field(2.0, ge=0, description="No resampled attempt gets a temperature above this.")
-    strategy: Literal["grow", "continue"] = Field(
+    strategy: Literal["grow", "continue", "continue_then_grow"] = Field(
         "grow",
-        description="grow: regenerate with a bigger budget; continue: extend the cut-off text.",
+        description="grow: regenerate with a bigger budget; continue: extend the cut-off text; "
+        "continue_then_grow: extend it once, and draw a continuation cut off again afresh (with sampling.seed, "
+        "under a seed of its own).",
     )
     growth_factor: float = Field(2.0, gt=1, description="Each pass's total budget is the last one times this.")
     max_tokens_cap: int = Field(1024, ge=1, description="No pass gets a total budget above this.")

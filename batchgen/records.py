@@ -70,6 +70,7 @@ class GenRequest:
     prefix_logprobs: list[Any] | None = None  # top logprobs of the prefix tokens, when the job asks for them
     temperature: float | None = None  # the row's own temperature (sampling.overrides), else the job's
     lora: str | None = None  # the LoRA adapter's name (engine.lora_adapters), None: the base model
+    fresh_seed: bool = False  # with sampling.seed: a seed no other attempt of the candidate had (retry.next_strategy)
 
 
 @dataclass(slots=True)

@@ -5,7 +5,9 @@ A candidate earns another attempt when its latest attempt failed one of `retry.o
 - `truncated` (cut off by max_tokens, finish_reason == "length"): after pass k the total
   budget is min(first_budget * growth_factor**k, max_tokens_cap, room left in the context).
   `grow` regenerates with that budget; `continue` keeps the cut-off tokens and asks for the
-  rest. A candidate whose budget cannot grow any more is not grown again.
+  rest; `continue_then_grow` continues a candidate's first cut-off output and regenerates a
+  continuation cut off again (`next_strategy`). A candidate whose budget cannot grow any more
+  is not grown again.
 - any other expectation (`keyword`, `length`, ...): the candidate is sampled again
   (strategy `resample`) at its budget, with the temperature moved by `temperature_step`,
   but only while its item has no passing candidate (one passing candidate is enough).
@@ -33,6 +35,18 @@ def latest_attempts(attempts: pd.DataFrame) -> pd.DataFrame:
         return attempts
     ordered = attempts.sort_values(["item_id", "candidate", "attempt"], kind="stable")
     return ordered.groupby(["item_id", "candidate"], sort=False).tail(1).reset_index(drop=True)
+
+
+CONTINUES = ("continue", "continue_then_grow")  # the strategies that continue cut-off text
+
+
+def next_strategy(row: object, retry: RetrySpec) -> str:
+    """How a cut-off candidate's next attempt is made: the job's strategy, except under `continue_then_grow`,
+    where a first (or resampled) attempt is continued and a continuation cut off again, more often an output that
+    runs on than one that needed a little more room, is drawn afresh (`grow`)."""
+    if retry.strategy != "continue_then_grow":
+        return retry.strategy
+    return "continue" if getattr(row, "strategy", "first") in ("first", "resample") else "grow"
 
 
 def next_budget(current: int, retry: RetrySpec, n_prompt_tokens: int, max_model_len: int) -> int:
@@ -170,7 +184,7 @@ class StopSeam:
 def stop_seam(retry: RetrySpec, stops: list[str], tokenizer: Callable[[], object]) -> StopSeam | None:
     """The StopSeam a job's continuations need (`tokenizer()` loads the model's), or None: not `continue`, or no
     stop string that can be split."""
-    if retry.strategy != "continue" or not any(len(stop) > 1 for stop in stops):
+    if retry.strategy not in CONTINUES or not any(len(stop) > 1 for stop in stops):
         return None
     loaded = tokenizer()
     return StopSeam(stops, lambda ids: loaded.decode(ids, skip_special_tokens=True))  # type: ignore[attr-defined]
@@ -195,18 +209,22 @@ def resample_request(row: object, retry: RetrySpec, temperature: float) -> GenRe
 
 def grow_request(row: object, retry: RetrySpec, max_model_len: int,
                  seam: StopSeam | None = None) -> GenRequest | None:
-    """A cut-off candidate with a bigger budget (grow) or asked for the rest (continue); None when it cannot grow.
-    `seam(text, token_ids)` (stop_seam) is how many cut-off tokens a continuation keeps: the rest, the start of a
-    stop string, are generated again."""
+    """A cut-off candidate with a bigger budget (grow) or asked for the rest (continue), as `next_strategy` says;
+    None when it cannot grow. `seam(text, token_ids)` (stop_seam) is how many cut-off tokens a continuation keeps:
+    the rest, the start of a stop string, are generated again. A draw afresh after a continuation
+    (continue_then_grow) gets a seed of its own (`fresh_seed`): under the candidate's seed it would draw the same
+    text again."""
     budget = next_budget(int(row.max_tokens), retry, int(row.n_prompt_tokens), max_model_len)
     if budget <= row.max_tokens:
         return None
+    strategy = next_strategy(row, retry)
     request = GenRequest(
         item_id=row.item_id, prompt=row.prompt, prompt_token_ids=list(row.prompt_token_ids),
-        max_tokens=budget, attempt=int(row.attempt) + 1, strategy=retry.strategy,
+        max_tokens=budget, attempt=int(row.attempt) + 1, strategy=strategy,
         candidate=int(row.candidate), n=1, temperature=_temperature(row), lora=_lora(row),
+        fresh_seed=strategy == "grow" and retry.strategy == "continue_then_grow",
     )
-    if retry.strategy == "continue":
+    if strategy == "continue":
         token_ids = list(row.token_ids)
         logprob = row.cumulative_logprob
         logprob = None if logprob is None or pd.isna(logprob) else float(logprob)

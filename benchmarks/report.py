@@ -297,7 +297,8 @@ def render_markdown(result: dict[str, Any]) -> str:
             lines += ["The same job in one run, its retries made in several ways: in the generate task's stream "
                       "(the default: each retry enters the engine ahead of the first attempts still waiting), in "
                       "retry passes after each window's validation (`retry.in_stream: false`), with "
-                      "`retry.strategy: continue` in the stream, and in the stream but behind the first attempts "
+                      "`retry.strategy: continue` and `continue_then_grow` in the stream, and in the stream but "
+                      "behind the first attempts "
                       "still waiting (`in_stream_first_come`: every request at priority 0, as under vLLM's default "
                       "policy); `in_stream_ahead` and `in_stream_no_ahead`: in the stream with `retry.ahead` on "
                       "and off (off is the default); a name ending in `_2`: that way run again. "
@@ -336,8 +337,7 @@ def render_markdown(result: dict[str, Any]) -> str:
             "| **retry output tokens per rescued item** | retry prefill tokens | retry engine s | flow wall (s) |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
-        for name in ("grow", "continue"):
-            r = retry["strategies"][name]
+        for name, r in retry["strategies"].items():
             lines.append(
                 f"| {name} | {r['truncated_first_pass']} | {r['truncated_final']} | {r['rescued']} "
                 f"| {_num(r['retry_output_tokens'])} | {_num(r['retry_output_tokens_per_rescued_item'])} "

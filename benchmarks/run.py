@@ -778,10 +778,11 @@ def variant_ratios(pairs: list[dict[str, Any]], variants: list[str]) -> dict[str
 # The whole job with retries on: the example job's retry settings as they are (cut-off outputs retried in the
 # generate task's stream), then with each retry's own retry started ahead as a spare (retry.ahead), then without
 # it (the default since 2026-12-04, named for runs from before), then in retry passes after validation, then
-# `continue` in the stream.
+# `continue` and `continue_then_grow` in the stream.
 RETRY_VARIANTS = {"in_stream": {}, "in_stream_ahead": {"ahead": True}, "in_stream_no_ahead": {"ahead": False},
                   "passes": {"in_stream": False},
-                  "continue_in_stream": {"strategy": "continue"}, "in_stream_first_come": {}}
+                  "continue_in_stream": {"strategy": "continue"},
+                  "continue_then_grow_in_stream": {"strategy": "continue_then_grow"}, "in_stream_first_come": {}}
 # Variants whose retries join the engine's queue behind the first attempts still waiting (priority 0 for every
 # attempt, as under vLLM's default first-come-first-served policy) instead of ahead of them: the same engine, so
 # the difference is batchgen.generation.retries_first alone.
@@ -887,14 +888,17 @@ def run_hf(cfg: Config, model_path: str, prompts: list[list[int]], max_tokens: i
                           hf.pop("time_to_first_result_seconds"), mem, subset=True, **hf)
 
 
+RETRY_STRATEGIES = ("grow", "continue", "continue_then_grow")
+
+
 def run_retry_strategies(cfg: Config, memory: TreeMemory) -> dict[str, Any]:
-    """Retry output tokens per item rescued from truncation, for grow and continue."""
+    """Retry output tokens per item rescued from truncation, for each strategy (RETRY_STRATEGIES)."""
     from batchgen.engine import get_engine
 
     products = write_products(cfg.work / f"products-retry-{cfg.retry_items}.csv", cfg.retry_items)
     result: dict[str, Any] = {"items": cfg.retry_items, "max_tokens": cfg.retry_max_tokens,
                               "max_passes": cfg.retry_passes, "strategies": {}}
-    for strategy in ("grow", "continue"):
+    for strategy in RETRY_STRATEGIES:
         job = bench_job(products, cfg.work / f"out-retry-{strategy}", cfg.retry_max_tokens,
                         retry={"max_passes": cfg.retry_passes, "strategy": strategy})
         result["growth_factor"], result["max_tokens_cap"] = job.retry.growth_factor, job.retry.max_tokens_cap

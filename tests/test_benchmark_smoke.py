@@ -46,7 +46,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
         for field in ("output_tokens_per_second", "items_per_second", "wall_seconds", "peak_rss_mb",
                       "time_to_first_result_seconds"):
             assert figures[field] is not None and figures[field] > 0, (name, field, figures[field])
-    assert set(result["retry_strategies"]["strategies"]) == {"grow", "continue"}
+    assert set(result["retry_strategies"]["strategies"]) == {"grow", "continue", "continue_then_grow"}
     raw = methods["raw_vllm"]  # its engine's steps, counted inside LLM.generate: its pace per step beside the flow's
     assert raw["engine_steps"] >= raw["output_tokens"] / 8 and raw["engine_step_seconds"] > 0  # 8 sequences a step
     pairs = result["sizes"]["8"]["repeats"]  # --repeats 2: raw and the flow twice, the ratios their medians

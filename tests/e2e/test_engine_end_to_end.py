@@ -197,6 +197,33 @@ def test_chinese_job_keeps_text_and_continues_cut_off_outputs(tmp_path, prefect_
         assert row.n_output_tokens <= 30
 
 
+def test_continue_then_grow_continues_once_then_draws_afresh(tmp_path, prefect_server):
+    """retry.strategy continue_then_grow: a cut-off output is continued (its text and tokens kept); a continuation
+    cut off again is drawn afresh, whole, with the grown budget; every item is published once."""
+    from flows.batch_generation import batch_generation
+
+    job = job_from_dict(product_job(
+        tmp_path, 4, sampling={"max_tokens": 4}, expectations={"min_chars": 1},
+        retry={"max_passes": 2, "strategy": "continue_then_grow", "growth_factor": 2, "max_tokens_cap": 16}))
+    manifest = batch_generation(job)
+
+    current = tmp_path / "out" / "current"
+    published = read_jsonl(current / "jsonl" / "accepted.jsonl") + read_jsonl(current / "jsonl" / "rejected.jsonl")
+    assert sorted(r["item_id"] for r in published) == sorted(f"p{i:05d}" for i in range(1, 5))
+    attempts = pd.read_parquet(current / "attempts" / "attempts.parquet").set_index(["item_id", "attempt"])
+    first, second = attempts.xs(1, level="attempt"), attempts.xs(2, level="attempt")
+    assert len(second) == manifest["counts"]["truncated_first_pass"] > 0  # nobody describes a product in 4 tokens
+    for item_id, row in second.iterrows():  # continued: the first attempt's text and tokens kept
+        assert row.strategy == "continue" and row.max_tokens == 8
+        assert row.text.startswith(first.loc[item_id, "text"])
+        assert list(row.token_ids[:4]) == list(first.loc[item_id, "token_ids"])
+    third = attempts.xs(3, level="attempt")
+    assert set(third.index) == set(second.index[second["finish_reason"] == "length"]) and len(third)
+    for _, row in third.iterrows():  # drawn afresh: all of its tokens new, within the grown budget
+        assert row.strategy == "grow" and row.max_tokens == 16
+        assert row.new_output_tokens == row.n_output_tokens <= 16
+
+
 def test_continue_finds_a_stop_string_split_across_the_cut(tmp_path, prefect_server):
     """A stop string that the cut splits (the cut-off text ends in its first characters): the continuation gives
     those characters back, the engine writes the stop string whole, and the output ends there, not at its budget."""

@@ -127,6 +127,39 @@ def test_continue_carries_the_prefix_and_the_total_budget():
     assert request.prompt_token_ids == list(range(100, 110))
 
 
+def test_continue_then_grow_continues_a_first_cut_and_draws_a_cut_continuation_afresh():
+    retry = RetrySpec(strategy="continue_then_grow", growth_factor=2, max_tokens_cap=1024)
+    latest = frame(
+        attempt("first", attempt=1, max_tokens=16, strategy="first", text="The mug keeps coffee"),
+        attempt("again", attempt=2, max_tokens=32, strategy="continue", text="The lamp glows and glows and glows"),
+        attempt("resampled", attempt=2, max_tokens=16, strategy="resample", text="A kettle"),
+        attempt("regrown", attempt=2, max_tokens=32, strategy="grow", text="A bag"),
+    )
+
+    got = {r.item_id: r for r in plan_retries(latest, retry, max_model_len=2048)}
+
+    assert {k: (r.strategy, r.attempt, r.max_tokens, r.fresh_seed) for k, r in got.items()} == {
+        "first": ("continue", 2, 32, False), "resampled": ("continue", 3, 32, False),
+        "again": ("grow", 3, 64, True), "regrown": ("grow", 3, 64, True)}
+    assert got["first"].prefix_text == "The mug keeps coffee" and len(got["first"].prefix_token_ids) == 16
+    assert got["again"].prefix_text == "" and got["again"].prefix_token_ids == []  # drawn afresh, whole
+
+
+def test_a_fresh_draw_gets_a_seed_and_a_key_of_its_own():
+    from batchgen.generation import engine_budget, request_keys
+    from batchgen.records import GenRequest
+
+    grown = GenRequest("a", "p", [1, 2, 3], max_tokens=64, attempt=3, strategy="grow", candidate=0)
+    fresh = GenRequest("a", "p", [1, 2, 3], max_tokens=64, attempt=3, strategy="grow", candidate=0, fresh_seed=True)
+    base = {"temperature": 0.7, "max_tokens": 16, "n": 1, "seed": 7}
+
+    assert engine_budget(base, grown)["seed"] == 7  # grow keeps the candidate's seed
+    assert engine_budget(base, fresh)["seed"] == 7 + 2  # a fresh draw: none of the candidate's attempts had it
+    keys = request_keys([grown, fresh], base, "model")
+    assert keys[0] != keys[1]
+    assert request_keys([grown], base, "model") == [keys[0]]
+
+
 @pytest.mark.parametrize("missing", [None, float("nan")])
 def test_continue_without_a_logprob_has_no_prefix_logprob(missing):
     retry = RetrySpec(strategy="continue")
