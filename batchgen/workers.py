@@ -40,6 +40,7 @@ class Worker:
         self.ready = threading.Event()
         self._busy = threading.Lock()
         self._answer: Future | None = None
+        self._handoff = threading.Lock()  # the pending answer is taken once: by the reader, or by a failed ask
         threading.Thread(target=self._read, name="batchgen-worker", daemon=True).start()
 
     @classmethod
@@ -67,7 +68,7 @@ class Worker:
             if reply.get("ready"):
                 self.ready.set()
                 continue
-            answer, self._answer = self._answer, None
+            answer = self._take()
             if answer is None:
                 continue
             kind = next((key for key in ("charts", "data_docs", "validated") if key in reply), None)
@@ -77,7 +78,7 @@ class Worker:
                 answer.set_exception(WorkerError(f"the worker failed: {reply.get('error')}"))
             self._busy.release()
         self.ready.clear()
-        answer, self._answer = self._answer, None
+        answer = self._take()
         if answer is not None:
             answer.set_exception(WorkerError("the worker exited before answering"))
             self._busy.release()
@@ -131,10 +132,21 @@ class Worker:
             self.process.stdin.write((json.dumps(request, default=str) + "\n").encode())
             self.process.stdin.flush()
         except (OSError, ValueError) as exc:
-            self._answer = None
-            self._busy.release()
+            # A worker that died meanwhile: its reader, at the pipe's end, may have failed the answer and freed the
+            # worker already; whoever takes the answer frees it, once.
+            if self._take(answer) is not None:
+                self._busy.release()
             raise WorkerError(f"the worker cannot take a request: {exc}") from exc
         return answer
+
+    def _take(self, expected: Future | None = None) -> Future | None:
+        """The pending answer, taken (None when there is none, or it is not `expected`)."""
+        with self._handoff:
+            answer = self._answer
+            if answer is None or (expected is not None and answer is not expected):
+                return None
+            self._answer = None
+            return answer
 
     def close(self) -> None:
         """Close its stdin: the child ends its loop and exits."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 
 import pytest
 
@@ -109,6 +110,36 @@ def test_one_request_at_a_time_and_none_before_the_worker_is_ready(published, wo
     finally:
         starting.kill()
         starting.process.wait(timeout=30)
+
+
+def test_a_worker_that_dies_while_asked_fails_the_request_with_a_worker_error(published):
+    """The worker dies between the ask's checks and its write: its reader, at the pipe's end, fails the pending
+    answer and frees the worker; the ask then says WorkerError (the caller's cue to work in-process), not a lock
+    freed twice."""
+    root, _, _ = published
+    dying = ChartWorker.start()
+    assert dying.ready.wait(timeout=120)
+    real = dying.process.stdin
+
+    class DiesFirst:
+        def write(self, data):
+            dying.process.kill()
+            dying.process.wait(timeout=30)
+            deadline = time.monotonic() + 30
+            while dying._answer is not None and time.monotonic() < deadline:  # the reader has failed the answer
+                time.sleep(0.01)
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+        def close(self):
+            real.close()
+
+    dying.process.stdin = DiesFirst()
+    with pytest.raises(ChartWorkerError, match="cannot take a request"):
+        dying.charts(root)
+    assert not dying.busy() and not dying.alive()
 
 
 def test_the_report_is_the_same_with_workers_without_them_and_when_one_died(tmp_path, monkeypatch, worker,
