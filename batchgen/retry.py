@@ -123,6 +123,17 @@ def plan_retries(latest: pd.DataFrame, retry: RetrySpec, max_model_len: int,
     return requests
 
 
+def passes_after_stream(job: JobSpec, max_model_len: int | None) -> int:
+    """How many retry passes can still plan requests once a window's generate task has retried its cut-off outputs
+    in its stream: none when the job retries nothing but cut-off outputs and the stream did (not beam search,
+    `retry.in_stream`, the engine's context known): the stream followed up every cut-off output while it had passes
+    left and its budget could grow, as a pass would (`grow_request` both ways); else `retry.max_passes`."""
+    retry = job.retry
+    streamed = (max_model_len is not None and not job.sampling.use_beam_search
+                and stream_retry(retry, max_model_len) is not None)
+    return 0 if streamed and retry_on(retry) <= {"truncated"} else retry.max_passes
+
+
 def stream_retry(retry: RetrySpec, max_model_len: int,
                  seam: StopSeam | None = None) -> Callable[[object], GenRequest | None] | None:
     """The follow-up of an attempt in the generate task's stream (batchgen.generation.run_requests): a cut-off

@@ -30,6 +30,7 @@ from batchgen.job import JobSpec
 from batchgen.progress import job_progress
 from batchgen.records import Attempt, Manifest, Window, columns_of
 from batchgen.resolve import resolve_job
+from batchgen.retry import passes_after_stream
 from batchgen.schema import frame_input_codec
 from expectations.workers import start_validation_workers
 from expectations.workers import wanted as validation_workers
@@ -176,7 +177,7 @@ def run_window(spec: JobSpec, window: Window, publication: Any, turns: FirstProm
         preload_publish()  # the engine has had its first requests: the report gets ready meanwhile
     validated: list[Validated] = []
     validate_attempts(spec, window, generated[-1].rows, validated, first_pass.result())
-    for _ in range(spec.retry.max_passes):
+    for _ in range(passes_after_stream(spec, prompts.max_model_len)):
         label = f"{window.label}-retry{len(validated)}"
         requests = plan_retry_task(spec, quote([v.rows for v in validated]), prompts.max_model_len, label)
         if not requests:

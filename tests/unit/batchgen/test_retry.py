@@ -145,6 +145,23 @@ def test_continue_then_grow_continues_a_first_cut_and_draws_a_cut_continuation_a
     assert got["again"].prefix_text == "" and got["again"].prefix_token_ids == []  # drawn afresh, whole
 
 
+@pytest.mark.parametrize(("retry", "sampling", "max_model_len", "passes"), [
+    ({}, {}, 2048, 0),  # cut-off outputs only, retried in the stream: no pass can plan more
+    ({"in_stream": False}, {}, 2048, 2),  # retried in passes
+    ({"on": ["truncated", "keyword"]}, {}, 2048, 2),  # a failed keyword is resampled in a pass
+    ({"max_passes": 3}, {}, None, 3),  # the engine's context unknown: the stream retries nothing
+    ({}, {"use_beam_search": True, "n": 2}, 2048, 2),  # beam search retries in passes
+])
+def test_retry_passes_run_after_the_stream_only_where_it_left_them_something(retry, sampling, max_model_len, passes):
+    from batchgen.job import job_from_dict
+    from batchgen.retry import passes_after_stream
+
+    job = job_from_dict({"name": "j", "input": {"path": "items.csv"}, "prompt": {"template": "{{ x }}"},
+                         "sampling": {"max_tokens": 16, **sampling}, "expectations": {"keyword_column": "x"},
+                         "retry": retry, "output": {"dir": "out"}})
+    assert passes_after_stream(job, max_model_len) == passes
+
+
 def test_a_fresh_draw_gets_a_seed_and_a_key_of_its_own():
     from batchgen.generation import engine_budget, request_keys
     from batchgen.records import GenRequest
