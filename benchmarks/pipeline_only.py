@@ -197,10 +197,11 @@ def _expectations(stop_percent: int) -> dict[str, dict[str, Any]] | None:
 
 
 def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight: int | None = None,
-            stop_percent: int = 0, window_size: int | None = None) -> dict[str, Any]:
+            stop_percent: int = 0, window_size: int | None = None, retries: bool = False) -> dict[str, Any]:
     """One size, in this process: a warm-up run of 8 items, then the measured run of n items; `in_flight`: the
     jobs' windows_in_flight (default: the flow's own, 1 on CPU builds; 3 is what a GPU runs with); `stop_percent`:
-    outputs that end by a stop (`--stop-percent`); `window_size`: the jobs' window_size (default: the job's own)."""
+    outputs that end by a stop (`--stop-percent`); `window_size`: the jobs' window_size (default: the job's own);
+    `retries`: the example job's retries (else none; `--retries`)."""
     from benchmarks import run as bench
 
     bench.set_environment()
@@ -218,11 +219,12 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
     try:
         products = bench.write_products(work / "products.csv", n)  # before the clock: input, not pipeline work
         shape = {"windows_in_flight": in_flight, **({"window_size": window_size} if window_size else {})}
-        job = bench.bench_job(products, work / "out", max_tokens, extra=_expectations(stop_percent)).model_copy(
-            update=shape)
+        retry = example_retry() if retries else None
+        job = bench.bench_job(products, work / "out", max_tokens, retry=retry,
+                              extra=_expectations(stop_percent)).model_copy(update=shape)
         with prefect_test_harness(server_startup_timeout=120):
             warm = bench.bench_job(bench.write_products(work / "warm.csv", 8), work / "out-warm", max_tokens,
-                                   extra=_expectations(stop_percent))
+                                   retry=retry, extra=_expectations(stop_percent))
             warm = warm.model_copy(update=shape)
             batch_generation(warm)
             llm.reset_counts()
@@ -268,6 +270,8 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
         "prefect": recorded,
         "windows_in_flight": in_flight,
         "stop_percent": stop_percent,
+        "retry": retry,
+        "retry_attempts": counts.get("retry_attempts"),
         "engine": {"stream": getattr(engine, "stream", None) is not None, "calls": llm.calls,
                    "generate_calls": llm.generate_calls, "requests_added": llm.llm_engine.added,
                    "steps": llm.llm_engine.steps},
@@ -293,6 +297,15 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
     if profiles is not None:
         figures["profile"] = profiles.write(profile_dir, n)
     return figures
+
+
+def example_retry() -> dict[str, Any]:
+    """The example job's retry section (`--retries`): cut-off outputs grown in the stream, two passes."""
+    import yaml
+
+    from benchmarks import run as bench
+
+    return yaml.safe_load(bench.JOB_FILE.read_text(encoding="utf-8"))["retry"]
 
 
 def _per_item(bytes_per_second: float | None, items_per_second: float) -> float | None:
@@ -374,7 +387,8 @@ def run_child(argv: list[str], what: str) -> dict[str, Any]:
 
 
 def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None, in_flight: int | None = None,
-              stop_percent: int = 0, window_size: int | None = None, command: str | None = None) -> dict[str, Any]:
+              stop_percent: int = 0, window_size: int | None = None, command: str | None = None,
+              retries: bool = False) -> dict[str, Any]:
     """Each size in a fresh process (peaks are per process); the section's figures. `command`: the command line
     to record (default: the sizes alone)."""
     from benchmarks import run as bench
@@ -394,6 +408,8 @@ def run_sizes(sizes: list[int], max_tokens: int, profile_dir: Path | None = None
             argv += ["--stop-percent", str(stop_percent)]
         if window_size:
             argv += ["--window-size", str(window_size)]
+        if retries:
+            argv += ["--retries"]
         bench.log(f"pipeline only: the flow on {n} items, engine stood in")
         figures = run_child(argv, f"the {n}-item run")
         print(json.dumps(figures), flush=True)
@@ -446,11 +462,13 @@ def main(argv: list[str] | None = None) -> int:
                         "a hash of the request id; the job's keyword expectation is dropped, so they are accepted), "
                         "the others cut off (default 0: every row rejected, as before)")
     parser.add_argument("--window-size", type=int, help="the job's window_size (default: the job's own)")
+    parser.add_argument("--retries", action="store_true", help="the example job's retries (cut-off outputs grown "
+                        "in the stream; with --stop-percent, some outputs are cut off): the windows' retry tasks")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: measure one size, print one line
     args = parser.parse_args(argv)
     if args.one is not None:
         print(json.dumps(measure(args.one, args.max_tokens, args.profile, args.windows_in_flight,
-                                 args.stop_percent, args.window_size)), flush=True)
+                                 args.stop_percent, args.window_size, args.retries)), flush=True)
         return 0
     sizes = sorted(set(args.sizes)) or DEFAULT_SIZES
     if any(n < 1 for n in sizes) or args.max_tokens < 1:
@@ -461,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--window-size must be at least 1")
     result = run_sizes(sizes, args.max_tokens, args.profile, args.windows_in_flight, args.stop_percent,
                        args.window_size,
-                       "python -m benchmarks.pipeline_only " + " ".join(sys.argv[1:] if argv is None else argv))
+                       "python -m benchmarks.pipeline_only " + " ".join(sys.argv[1:] if argv is None else argv),
+                       args.retries)
     if args.out is not None:
         write_page(result, args.out)
     if args.add_to is not None:

@@ -150,18 +150,27 @@ def test_pipeline_only_benchmark_reports_items_per_second_and_publishes_every_it
     assert "| 50 |" in page and "Tokenizer alone: the same 50 chat-templated prompts" in page
 
 
-def test_pipeline_only_benchmark_with_outputs_that_stop_publishes_most_rows_as_accepted(tmp_path):
+@pytest.mark.parametrize("retries", [False, True])
+def test_pipeline_only_benchmark_with_outputs_that_stop_publishes_most_rows_as_accepted(tmp_path, retries):
     """--stop-percent 90: that share of the stand-in's outputs end by a stop and pass the job's checks (a real job's
-    path through choosing, the accepted table and its JSON lines); the rest are cut off and rejected."""
+    path through choosing, the accepted table and its JSON lines); the rest are cut off and rejected, or with
+    --retries grown in the stream (another request, which stops nine times in ten) and most of them accepted."""
     out = tmp_path / "results"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.pipeline_only", "200", "--stop-percent", "90", "--out",
-                           str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)
+                           str(out), *(["--retries"] if retries else [])], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-4000:]
     figures = json.loads((out / "latest.json").read_text(encoding="utf-8"))["sizes"]["200"]
     assert figures["stop_percent"] == 90
-    assert 150 <= figures["accepted"] < 200 and figures["accepted"] + figures["rejected"] == 200
+    assert figures["accepted"] + figures["rejected"] == 200
     assert figures["published"]["distinct_item_ids"] == 200
+    if retries:
+        assert figures["retry"]["max_passes"] == 2 and figures["retry_attempts"] >= 5
+        assert figures["accepted"] >= 195  # ~20 cut off on the first pass, ~2 on the first retry
+    else:
+        assert figures["retry"] is None and figures["retry_attempts"] == 0
+        assert 150 <= figures["accepted"] < 200
 
 
 def test_pipeline_floor_benchmark_measures_prefect_and_the_tokenizer_and_puts_each_run_below_its_ceiling(tmp_path):
