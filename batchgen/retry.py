@@ -128,10 +128,19 @@ def passes_after_stream(job: JobSpec, max_model_len: int | None) -> int:
     in its stream: none when the job retries nothing but cut-off outputs and the stream did (not beam search,
     `retry.in_stream`, the engine's context known): the stream followed up every cut-off output while it had passes
     left and its budget could grow, as a pass would (`grow_request` both ways); else `retry.max_passes`."""
-    retry = job.retry
-    streamed = (max_model_len is not None and not job.sampling.use_beam_search
-                and stream_retry(retry, max_model_len) is not None)
-    return 0 if streamed and retry_on(retry) <= {"truncated"} else retry.max_passes
+    streamed = job_stream_retry(job, max_model_len) is not None
+    return 0 if streamed and retry_on(job.retry) <= {"truncated"} else job.retry.max_passes
+
+
+def job_stream_retry(job: JobSpec, max_model_len: int | None,
+                     seam_of: Callable[[JobSpec], StopSeam | None] | None = None) -> \
+        Callable[[object], GenRequest | None] | None:
+    """`stream_retry` for a job's generate task (`seam_of(job)`: its StopSeam, job_stop_seam), or None where its
+    stream retries nothing: the engine's context unknown, beam search (retried in passes), or as stream_retry says.
+    The one place that decides it, for the stream and for the passes after it (passes_after_stream)."""
+    if max_model_len is None or job.sampling.use_beam_search:
+        return None
+    return stream_retry(job.retry, max_model_len, seam_of(job) if seam_of is not None else None)
 
 
 def stream_retry(retry: RetrySpec, max_model_len: int,

@@ -219,7 +219,7 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
     try:
         products = bench.write_products(work / "products.csv", n)  # before the clock: input, not pipeline work
         shape = {"windows_in_flight": in_flight, **({"window_size": window_size} if window_size else {})}
-        retry = example_retry() if retries else None
+        retry = bench.example_retry() if retries else None  # --retries
         job = bench.bench_job(products, work / "out", max_tokens, retry=retry,
                               extra=_expectations(stop_percent)).model_copy(update=shape)
         with prefect_test_harness(server_startup_timeout=120):
@@ -297,15 +297,6 @@ def measure(n: int, max_tokens: int, profile_dir: Path | None = None, in_flight:
     if profiles is not None:
         figures["profile"] = profiles.write(profile_dir, n)
     return figures
-
-
-def example_retry() -> dict[str, Any]:
-    """The example job's retry section (`--retries`): cut-off outputs grown in the stream, two passes."""
-    import yaml
-
-    from benchmarks import run as bench
-
-    return yaml.safe_load(bench.JOB_FILE.read_text(encoding="utf-8"))["retry"]
 
 
 def _per_item(bytes_per_second: float | None, items_per_second: float) -> float | None:

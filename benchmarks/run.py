@@ -802,6 +802,13 @@ def retries_first_come(on: bool) -> Iterator[None]:
         generation.retries_first = original
 
 
+def example_retry() -> dict[str, Any]:
+    """The example job's retry section, as its file has it (cut-off outputs grown in the stream, two passes)."""
+    import yaml
+
+    return yaml.safe_load(JOB_FILE.read_text(encoding="utf-8"))["retry"]
+
+
 def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_tokens: int,
                      run_raw_now: Callable[[], dict[str, Any]], raw_median_seconds: float | None,
                      memory: TreeMemory) -> dict[str, Any]:
@@ -813,9 +820,7 @@ def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_token
     ones): on a shared host raw vLLM's own pace moved by half within minutes (H200, 22.6 s to 35.0 s for the same
     call), so a job compared with a raw call made minutes earlier measures the host, not the job.
     `raw_median_seconds` (the pairs' median raw call) is kept beside it for reference."""
-    import yaml
-
-    example = yaml.safe_load(JOB_FILE.read_text(encoding="utf-8"))["retry"]
+    example = example_retry()
     variants: dict[str, Any] = {}
     runs: Counter[str] = Counter()
     for index, name in enumerate(cfg.retry_variants or list(RETRY_VARIANTS)):

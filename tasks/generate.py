@@ -20,7 +20,7 @@ from batchgen.items import LoadedItems
 from batchgen.job import JobSpec
 from batchgen.progress import for_run, run_key, window_of
 from batchgen.records import Attempt, EngineStats, GenRequest, columns_of
-from batchgen.retry import job_stop_seam, stream_retry
+from batchgen.retry import job_stop_seam, job_stream_retry
 from batchgen.store import ResultStore
 
 
@@ -127,8 +127,7 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str, max_mode
     progress = Progress(job, label, len(requests))
     fresh_tokens, generated = 0, 0
     first_commit_at: float | None = None
-    follow_up = None if max_model_len is None or job.sampling.use_beam_search else \
-        stream_retry(job.retry, max_model_len, job_stop_seam(job))
+    follow_up = job_stream_retry(job, max_model_len, job_stop_seam)
 
     owner = commit_owner(label)
 
