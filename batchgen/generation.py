@@ -11,6 +11,7 @@ import hashlib
 import json
 import time
 from array import array
+from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any, NamedTuple, Protocol
@@ -332,6 +333,44 @@ class Spares:
         return None
 
 
+class AttemptsDone:
+    """run_requests' `on_attempt_done`: which attempt numbers can have no more attempts. Requests sent for good
+    (not spares still undecided) are counted by attempt number until their output is committed; an attempt number
+    is done once nothing of it or below is open, since a follow-up always has a higher number than its attempt."""
+
+    def __init__(self, rows: list[Attempt], said: Callable[[int, list[Attempt]], None] | None):
+        self._rows, self._said = rows, said
+        self._open: Counter[int] = Counter()
+        self._by_attempt: dict[int, list[Attempt]] = {}
+        self._read = 0  # rows[:_read] are in _by_attempt
+        self._done: set[int] = set()
+
+    def sent(self, requests: Iterable[GenRequest]) -> None:
+        for request in requests:
+            self._open[request.attempt] += 1
+
+    def answered(self, requests: Iterable[GenRequest]) -> None:
+        for request in requests:
+            self._open[request.attempt] -= 1
+            if not self._open[request.attempt]:
+                del self._open[request.attempt]
+
+    def check(self) -> None:
+        """Say each attempt number now done (rows committed so far, none of it or below open), once."""
+        if self._said is None:
+            return
+        for row in self._rows[self._read:]:
+            if row.attempt not in self._done:  # (none come: the window's validation checks the counts)
+                self._by_attempt.setdefault(row.attempt, []).append(row)
+        self._read = len(self._rows)
+        lowest_open = min(self._open, default=None)
+        for attempt in sorted(self._by_attempt):
+            if lowest_open is not None and attempt >= lowest_open:
+                break
+            self._done.add(attempt)
+            self._said(attempt, self._by_attempt.pop(attempt))
+
+
 class Ran(NamedTuple):
     rows: list[Attempt]  # every request's attempts, reused ones included
     reused: int  # requests answered from `done`
@@ -354,6 +393,7 @@ def run_requests(
     adapters: dict[str, str] | None = None,
     follow_up: Callable[[Attempt], GenRequest | None] | None = None,
     on_requests_done: Callable[[list[Attempt]], None] | None = None,
+    on_attempt_done: Callable[[int, list[Attempt]], None] | None = None,
 ) -> Ran:
     """Generate every request not already in `done` (keyed by request_key); return all rows and the reuse count.
 
@@ -374,7 +414,10 @@ def run_requests(
     follow-up is started beside it as a spare request (Spares), committed only after it and only if it is needed.
     `on_requests_done(rows)` is called once every one of `requests` has its output committed (what is left, if
     anything, is follow-ups), with the rows so far: every attempt of `requests`, and the follow-ups' that came
-    before.
+    before. `on_attempt_done(attempt, rows)` is called once per attempt number, in ascending order, as soon as no
+    request of that number or a lower one is still waiting for its output (no more attempts of it can come): with
+    the rows of that attempt number (reused ones included), so a window's first pass and each retry can be
+    validated while later retries still run.
     """
     from batchgen.adapters import lora_request
 
@@ -413,6 +456,9 @@ def run_requests(
     first_left = n_first  # `requests` still waiting for their output: pending[:n_first]
     if not first_left and on_requests_done is not None:
         on_requests_done(list(rows))
+    attempts = AttemptsDone(rows, on_attempt_done)
+    attempts.sent(request for _, request in pending)
+    attempts.check()
     if not pending:
         return Ran(rows, reused, follow_ups=total - len(requests))
     engine = engine_factory()
@@ -426,6 +472,8 @@ def run_requests(
                 on_commit(new_rows, finished, total)
         if on_requests_done is not None:
             on_requests_done(list(rows))
+        attempts.answered(request for _, request in pending)
+        attempts.check()
         return Ran(rows, reused, started, time.perf_counter(), total - len(requests))
 
     keep = sampling.logprobs is not None
@@ -455,6 +503,7 @@ def run_requests(
         more: list[GenRequest] = []
         adopted: list[tuple[int, Any]] = []
         chain: list[int] = []  # requests now sent for good (follow-ups, adopted spares): each gets its spare
+        attempts.answered(pending[index][1] for index, _ in ready)
         for index, output in ready:
             key, request = pending[index]
             for row in output_rows(request, output, key, seconds, finished_at, keep, keep_prompt):
@@ -464,6 +513,7 @@ def run_requests(
                 if taken is not None:
                     total += 1
                     spare_index, spare_output = taken
+                    attempts.sent([pending[spare_index][1]])  # adopted: now a request like any other
                     if spare_output is None:  # still running: it may be cut off too
                         chain.append(spare_index)
                     else:
@@ -475,6 +525,7 @@ def run_requests(
         total += len(more)
         if on_commit is not None:  # committed before their follow-ups exist: a rerun finds what they grow
             on_commit(new_rows, finished, total)
+        attempts.sent(more)
         if more:
             new = list(zip(request_keys(more, base, model_identity), more))
             submit(new, into=submission)  # indexed after `pending`'s requests so far
@@ -489,6 +540,7 @@ def run_requests(
             first_left -= sum(index < n_first for index, _ in ready)
             if not first_left and on_requests_done is not None:
                 on_requests_done(list(rows))
+        attempts.check()
         return adopted
 
     try:

@@ -170,13 +170,13 @@ def run_window(spec: JobSpec, window: Window, publication: Any, turns: FirstProm
         # quote(): Prefect would otherwise walk every request and token id to track task inputs (seconds per
         # window).
         requests = first_pass_requests(prompts.built.prompts, spec.sampling)
-        first_pass = FirstPassValidation(spec, window, release)
+        ahead = AttemptValidations(spec, window, release)
         generated = [generate_task(spec, quote(requests), window.label, prompts.max_model_len,
-                                   quote(first_pass.requests_done))]
+                                   quote(ahead.requests_done), quote(ahead.attempt_done))]
     if window.index == 1:
         preload_publish()  # the engine has had its first requests: the report gets ready meanwhile
     validated: list[Validated] = []
-    validate_attempts(spec, window, generated[-1].rows, validated, first_pass.result())
+    validate_attempts(spec, window, generated[-1].rows, validated, ahead.results())
     for _ in range(passes_after_stream(spec, prompts.max_model_len)):
         label = f"{window.label}-retry{len(validated)}"
         requests = plan_retry_task(spec, quote([v.rows for v in validated]), prompts.max_model_len, label)
@@ -187,63 +187,67 @@ def run_window(spec: JobSpec, window: Window, publication: Any, turns: FirstProm
     stage_window_task(spec, quote(publication), window, prompts, [g.stats for g in generated], quote(validated))
 
 
-class FirstPassValidation:
-    """A window's first pass validated as soon as each of its requests has its output, in a thread of its own,
-    while the window's cut-off outputs are still being retried in the engine's stream. On a GPU the retry chains of
-    the last windows end with the engine's work: the first passes' validation (GX on every item of those windows)
-    then no longer waits for them, and what is left after the engine's last output is the retries' own few rows.
-    The validation is a task of the flow run, as the window's others."""
+class AttemptValidations:
+    """A window's attempts validated attempt number by attempt number, each as soon as no more attempts of it can
+    come (generate_task's attempt_done), in a thread of its own, while the window's later retries still run in
+    the engine's stream: the first pass once its requests have their outputs, the first retries once every retry
+    of the first pass is back, and so on. On a GPU the retry chains of the last windows end with the engine's
+    work; what is left after the engine's last output is then the last retries' own few rows, not one validation
+    after another of every attempt number. The validations are tasks of the flow run, as the window's others."""
 
     def __init__(self, spec: JobSpec, window: Window, release: Callable[[], None]):
         self.spec, self.window, self.release = spec, window, release
-        self._context = copy_context()  # the flow run's (the window's thread), entered by the validation's thread
-        self._thread: threading.Thread | None = None
-        self._validated: Validated | None = None
-        self._error: BaseException | None = None
+        self._context = copy_context()  # the flow run's (the window's thread), entered by the validations' threads
+        self._threads: dict[int, threading.Thread] = {}
+        self._validated: dict[int, Validated] = {}
+        self._errors: dict[int, BaseException] = {}
 
     def requests_done(self, rows: list[Attempt]) -> None:
-        """generate_task's requests_done: the window's slot in the engine goes to the next window, and the first
-        pass's attempts (the lowest attempt number among `rows`) are validated in the background. Said once
-        more by a generate task that Prefect retried: the same attempts, validated once."""
+        """generate_task's requests_done: the window's slot in the engine goes to the next window."""
         self.release()
-        if self._thread is None and rows:
-            self._thread = threading.Thread(target=self._context.run, args=(self._validate, rows), daemon=True,
-                                            name=f"batchgen-validate-{self.window.label}")
-            self._thread.start()
 
-    def _validate(self, rows: list[Attempt]) -> None:
+    def attempt_done(self, attempt: int, rows: list[Attempt]) -> None:
+        """generate_task's attempt_done: attempt number `attempt` has all its `rows`; validated in the background.
+        Said once more by a generate task that Prefect retried: the same attempts, validated once."""
+        if attempt in self._threads or not rows:
+            return
+        label = self.window.label if not self._threads else f"{self.window.label}-retry{len(self._threads)}"
+        # a copy each: a context is entered by one thread at a time, and two attempt numbers may be validated at once
+        thread = threading.Thread(target=self._context.copy().run, args=(self._validate, attempt, rows, label),
+                                  daemon=True, name=f"batchgen-validate-{label}")
+        self._threads[attempt] = thread
+        thread.start()
+
+    def _validate(self, attempt: int, rows: list[Attempt], label: str) -> None:
         try:
             frame = pd.DataFrame(columns_of(rows, Attempt))
-            first = frame[frame["attempt"] == frame["attempt"].min()]
-            self._validated = validate_task(self.spec, quote(first), self.window.keywords(self.spec),
-                                            self.window.label)
-        except BaseException as exc:  # noqa: BLE001  (raised in the window's thread by result())
-            self._error = exc
+            self._validated[attempt] = validate_task(self.spec, quote(frame), self.window.keywords(self.spec), label)
+        except BaseException as exc:  # noqa: BLE001  (raised in the window's thread by results())
+            self._errors[attempt] = exc
 
-    def result(self) -> Validated | None:
-        """The first pass's validation once it has ended (None if it never started: no attempts); its error, if
-        it failed."""
-        if self._thread is None:
-            return None
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._validated
+    def results(self) -> dict[int, Validated]:
+        """The validations made, by attempt number, once they have ended; the first error, if one failed."""
+        for attempt, thread in sorted(self._threads.items()):
+            thread.join()
+            if attempt in self._errors:
+                raise self._errors[attempt]
+        return dict(self._validated)
 
 
 def validate_attempts(spec: JobSpec, window: Window, rows: pd.DataFrame, validated: list[Validated],
-                      first: Validated | None = None) -> None:
+                      made: dict[int, Validated] | None = None) -> None:
     """Validate a generate task's attempts, one validation per attempt number (a pass each in the report: the
-    first pass, then each retry, also those made in the stream), appended to `validated`. `first`: the first
-    attempt number's validation, already made (FirstPassValidation)."""
-    groups = [rows] if rows.empty else [group for _, group in rows.groupby("attempt", sort=True)]
-    for group in groups:
+    first pass, then each retry, also those made in the stream), appended to `validated`. `made`: validations
+    already made, by attempt number (AttemptValidations)."""
+    groups = [(None, rows)] if rows.empty else list(rows.groupby("attempt", sort=True))
+    for attempt, group in groups:
         label = window.label if not validated else f"{window.label}-retry{len(validated)}"
-        if first is not None and not validated:
-            if len(first.rows) != len(group):  # the first pass's attempts were all there when it was validated
-                raise RuntimeError(f"window {window.label}: the first pass was validated on {len(first.rows)} "
+        done = (made or {}).get(attempt)
+        if done is not None:
+            if len(done.rows) != len(group):  # every attempt of that number was there when it was validated
+                raise RuntimeError(f"window {window.label}: attempt {attempt} was validated on {len(done.rows)} "
                                    f"attempts, the generate task returned {len(group)}")
-            validated.append(first)
+            validated.append(done)
             continue
         validated.append(validate_task(spec, quote(group), window.keywords(spec), label))
 

@@ -115,12 +115,14 @@ class Progress:
 # engine worker died) builds a fresh engine and resumes from the last commit.
 @task(name="generate", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2, task_run_name="generate-{label}")
 def generate_task(job: JobSpec, requests: list[GenRequest], label: str, max_model_len: int | None = None,
-                  requests_done: Callable[[list[Attempt]], None] | None = None) -> Generated:
+                  requests_done: Callable[[list[Attempt]], None] | None = None,
+                  attempt_done: Callable[[int, list[Attempt]], None] | None = None) -> Generated:
     """Feed every pending request into the engine's stream; commit outputs as they finish; reuse earlier commits.
     With `max_model_len` (the engine's context, for the budgets), cut-off outputs are grown in the same stream
     as they finish when the job says so (retry.in_stream). `requests_done(rows)` is called once every request has its
     output, before the task ends when retries are still running, with the attempts so far (the flow then feeds the
-    engine its next window and validates the first pass beside the retries)."""
+    engine its next window). `attempt_done(attempt, rows)` is said once per attempt number as soon as no more of
+    its attempts can come (batchgen.generation.run_requests): the flow validates it beside the later retries."""
     started = time.perf_counter()
     store = store_for(job)
     args = planned_engine_args(job.engine)
@@ -160,7 +162,7 @@ def generate_task(job: JobSpec, requests: list[GenRequest], label: str, max_mode
         ran = run_requests(engine, requests, job.sampling, engine_identity(args), job.chunk_size,
                            job.commit_seconds, done=lambda keys: store.load(keys, owner),  # its commits only
                            on_commit=on_commit, adapters=job.engine.lora_adapters or None, follow_up=follow_up,
-                           on_requests_done=requests_done)
+                           on_requests_done=requests_done, on_attempt_done=attempt_done)
     except Exception:
         for dead in used:  # the Prefect retry starts from a fresh engine (another window's may already have)
             discard_engine(job.engine, dead)

@@ -651,8 +651,21 @@ def test_a_retry_s_own_retry_runs_beside_it_and_is_kept_only_when_the_retry_is_c
         ran = run_requests(factory, many_requests(6), SamplingSpec(max_tokens=4), MODEL, commit_every=1, done=done,
                            on_commit=lambda rows, finished, total: events.extend(
                                ("commit", r.item_id, r.attempt, r.max_tokens) for r in rows),
-                           follow_up=grows(retry))
+                           follow_up=grows(retry),
+                           on_attempt_done=lambda attempt, rows: events.append(
+                               ("said", attempt, sorted(r.item_id for r in rows))))
         return ran, events
+
+    def said_when_done(ran, events):
+        """Each attempt number was said once, in order, with all its rows, after the last commit of it and of every
+        number below it, before any commit of a number above it that came later (nothing of it was still open)."""
+        said = [(events.index(e), e[1], e[2]) for e in events if e[0] == "said"]
+        numbers = sorted({r.attempt for r in ran.rows})
+        assert [attempt for _, attempt, _ in said] == numbers
+        for at, attempt, items in said:
+            assert items == sorted(r.item_id for r in ran.rows if r.attempt == attempt)
+            assert not [e for e in events[at:] if e[0] == "commit" and e[2] <= attempt]
+        return said
 
     def chain(ran):
         return sorted((r.item_id, r.attempt, r.max_tokens, r.finish_reason, r.text, r.request_key) for r in ran.rows)
@@ -672,6 +685,11 @@ def test_a_retry_s_own_retry_runs_beside_it_and_is_kept_only_when_the_retry_is_c
         assert events.index(("add", 1000 + i, 32)) < events.index(("commit", f"p{i}", 3, 16))
     # without spares, only after it
     assert plain_events.index(("add", 1001, 32)) > plain_events.index(("commit", "p1", 3, 16))
+    # on_attempt_done: the first attempts and the first retries said while the odd items' retries still ran
+    for one, its_events in ((plain, plain_events), (ran, events)):
+        said = said_when_done(one, its_events)
+        assert [(attempt, len(items)) for _, attempt, items in said] == [(1, 6), (2, 6), (3, 6), (4, 3)]
+        assert said[1][0] < max(i for i, e in enumerate(its_events) if e[0] == "commit")
 
     # a rerun after a crash that had committed the first attempts and p1's second: the same rows, and nothing
     # committed asked of the engine again, spares included
@@ -681,6 +699,7 @@ def test_a_retry_s_own_retry_runs_beside_it_and_is_kept_only_when_the_retry_is_c
             store[row.request_key].append(row)
     again, again_events = run(ahead=True, done=lambda keys: {k: store[k] for k in keys if k in store})
     assert chain(again) == chain(plain)
+    said_when_done(again, again_events)  # reused attempts included
     assert again.reused == 6 + 1
     sent = [e[1:] for e in again_events if e[0] == "add"]
     assert not [s for s in sent if s[1] == 4] and (1001, 8) not in sent

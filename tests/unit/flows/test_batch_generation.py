@@ -17,7 +17,7 @@ from flows.batch_generation import (
     WINDOWS_HELD_PER_PLACE,
     WINDOWS_HELD_PER_PLACE_NO_RETRIES,
     FeedingWindows,
-    FirstPassValidation,
+    AttemptValidations,
     FirstPromptsFirst,
     in_parallel,
     item_windows,
@@ -258,12 +258,15 @@ class Validations:
     """flows.batch_generation.validate_task stood in: records the attempts each call validated (pure logic here;
     the flow's validation on the real engine: tests/e2e/test_engine_end_to_end.py)."""
 
-    def __init__(self, fail: bool = False):
+    def __init__(self, fail: bool = False, seconds: float = 0.0):
         self.calls: list[tuple[str, list[tuple[str, int]]]] = []
-        self.fail = fail
+        self.threads: dict[str, str] = {}  # label -> the thread that validated it
+        self.fail, self.seconds = fail, seconds
 
     def __call__(self, spec, rows, keywords, label):
         rows = getattr(rows, "unquote", lambda: rows)()
+        self.threads[label] = threading.current_thread().name
+        time.sleep(self.seconds)
         self.calls.append((label, list(zip(rows["item_id"], rows["attempt"]))))
         if self.fail:
             raise ValueError("the suite failed to run")
@@ -276,44 +279,54 @@ def window_rows(items: int, retried: int) -> list[Attempt]:
             + [row for i in range(retried) for row in generated(f"i{i}", ["a whole text"], attempt=2)])
 
 
-def test_the_first_pass_is_validated_once_in_the_background_and_its_retries_after_the_task(monkeypatch):
-    validations = Validations()
+def window_attempts(rows: list[Attempt], attempt: int) -> list[Attempt]:
+    return [row for row in rows if row.attempt == attempt]
+
+
+def test_each_attempt_number_is_validated_once_in_the_background_and_the_rest_after_the_task(monkeypatch):
+    validations = Validations(seconds=0.2)  # the first two run at the same time
     monkeypatch.setattr(flows.batch_generation, "validate_task", validations)
     released: list[int] = []
     window = SimpleNamespace(label="w3", keywords=lambda spec: None)
-    first_pass = FirstPassValidation(None, window, lambda: released.append(1))
-    rows = window_rows(4, 1)
-    first_pass.requests_done(rows[:5])  # the four first attempts and one retry that came before the last of them
-    first_pass.requests_done(rows[:5])  # a generate task retried by Prefect says it again
+    ahead = AttemptValidations(None, window, lambda: released.append(1))
+    rows = window_rows(4, 2) + [row for row in generated("i0", ["longer still"], attempt=3)]
+    ahead.requests_done(rows[:5])  # the four first attempts and one retry that came before the last of them
+    ahead.attempt_done(1, window_attempts(rows, 1))
+    ahead.requests_done(rows[:5])  # a generate task retried by Prefect says it again
+    ahead.attempt_done(1, window_attempts(rows, 1))
+    ahead.attempt_done(2, window_attempts(rows, 2))  # attempt 3 is left to the window's thread
     validated: list[Validated] = []
-    validate_attempts(None, window, pd.DataFrame(columns_of(rows, Attempt)), validated, first_pass.result())
+    validate_attempts(None, window, pd.DataFrame(columns_of(rows, Attempt)), validated, ahead.results())
     assert released == [1, 1]  # the slot is given back (once is enough: FeedingWindows)
-    assert validations.calls == [("w3", [("i0", 1), ("i1", 1), ("i2", 1), ("i3", 1)]),  # once, the first pass only
-                                 ("w3-retry1", [("i0", 2)])]
-    assert [len(v.rows) for v in validated] == [4, 1]
+    assert sorted(validations.calls) == [("w3", [("i0", 1), ("i1", 1), ("i2", 1), ("i3", 1)]),  # once each
+                                         ("w3-retry1", [("i0", 2), ("i1", 2)]),
+                                         ("w3-retry2", [("i0", 3)])]
+    assert validations.threads == {"w3": "batchgen-validate-w3", "w3-retry1": "batchgen-validate-w3-retry1",
+                                   "w3-retry2": threading.current_thread().name}  # the last one after the task
+    assert [len(v.rows) for v in validated] == [4, 2, 1]  # in attempt order
 
 
 def test_a_window_without_attempts_validates_nothing_ahead():
     window = SimpleNamespace(label="w1", keywords=lambda spec: None)
-    nothing = FirstPassValidation(None, window, lambda: None)
+    nothing = AttemptValidations(None, window, lambda: None)
     nothing.requests_done([])  # a window of rejected rows only: nothing to validate ahead
-    assert nothing.result() is None
+    nothing.attempt_done(1, [])
+    assert nothing.results() == {}
 
 
-def test_a_first_pass_validation_that_failed_is_raised_in_the_window(monkeypatch):
+def test_a_validation_that_failed_in_the_background_is_raised_in_the_window(monkeypatch):
     monkeypatch.setattr(flows.batch_generation, "validate_task", Validations(fail=True))
     window = SimpleNamespace(label="w1", keywords=lambda spec: None)
-    first_pass = FirstPassValidation(None, window, lambda: None)
-    first_pass.requests_done(window_rows(2, 0))
+    ahead = AttemptValidations(None, window, lambda: None)
+    ahead.attempt_done(1, window_rows(2, 0))
     with pytest.raises(ValueError, match="the suite failed to run"):
-        first_pass.result()
+        ahead.results()
 
 
-def test_a_first_pass_validated_on_other_attempts_than_the_task_returned_is_an_error(monkeypatch):
+def test_an_attempt_number_validated_on_other_attempts_than_the_task_returned_is_an_error(monkeypatch):
     monkeypatch.setattr(flows.batch_generation, "validate_task", Validations())
     window = SimpleNamespace(label="w2", keywords=lambda spec: None)
-    first_pass = FirstPassValidation(None, window, lambda: None)
-    first_pass.requests_done(window_rows(2, 0))
-    with pytest.raises(RuntimeError, match="validated on 2 attempts, the generate task returned 3"):
-        validate_attempts(None, window, pd.DataFrame(columns_of(window_rows(3, 0), Attempt)), [],
-                          first_pass.result())
+    ahead = AttemptValidations(None, window, lambda: None)
+    ahead.attempt_done(1, window_rows(2, 0))
+    with pytest.raises(RuntimeError, match="attempt 1 was validated on 2 attempts, the generate task returned 3"):
+        validate_attempts(None, window, pd.DataFrame(columns_of(window_rows(3, 0), Attempt)), [], ahead.results())
