@@ -36,6 +36,7 @@ def truncation_counts(attempts: pd.DataFrame) -> tuple[int, int]:
     """Items with a cut-off candidate on the first pass, and items still cut off at the end."""
     if attempts.empty:
         return 0, 0
+    attempts = attempts[["item_id", "candidate", "attempt", "finish_reason"]]  # sorted below: not the texts
     first = attempts[attempts["attempt"] == 1]
     first_cut = first.loc[first["finish_reason"] == "length", "item_id"].nunique()
     latest = attempts.sort_values("attempt").groupby(["item_id", "candidate"]).tail(1)

@@ -286,7 +286,8 @@ def rescued_by_reason(accepted: pd.DataFrame, attempts: pd.DataFrame) -> dict[st
     won = accepted.loc[accepted["attempt"] > 1, ["item_id", "candidate", "attempt"]]
     if won.empty:
         return {}
-    earlier = attempts.merge(won, on=["item_id", "candidate"], suffixes=("", "_won"))
+    needed = [c for c in ("item_id", "candidate", "attempt", "finish_reason", "failed") if c in attempts]
+    earlier = attempts[needed].merge(won, on=["item_id", "candidate"], suffixes=("", "_won"))  # not the texts
     earlier = earlier[earlier["attempt"] < earlier["attempt_won"]]
     reasons: dict[str, set] = {}
     for row in earlier.itertuples(index=False):
