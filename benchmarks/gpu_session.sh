@@ -68,6 +68,8 @@ SUMMARY="$LOGS/session.log"
   echo "batchgen GPU session $(date -u +%FT%TZ)"
   echo "results: $RES   logs: $LOGS   budget: $SESSION_SECONDS s"
   nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv 2>&1
+  # the JSON-lines mirrors' writer: Polars where the payload brought it (docs/gpu.md), else the slower orjson path
+  "$PY" -c "import batchgen.publish as p; print('polars writer', p._polars() is not None)" 2>&1 | tail -1
 } > "$SUMMARY"
 
 left() { echo $(( SESSION_SECONDS - ($(date +%s) - started) )); }
