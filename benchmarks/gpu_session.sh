@@ -15,6 +15,14 @@
 #                                               # (also without retries): one call, then the same without it
 #   RUN_EXTRA="--add-per-step 100000" BESIDE80=0 STEPS=paired80 ...   # a window's requests into the engine at once
 #
+# Two trees on one machine (a change against the tree before it): carry the older tree as a git-ignored folder,
+#   mkdir -p .xfer/old && git archive OLD_COMMIT | tar -x -C .xfer/old
+#   rm -rf .xfer/old/benchmarks/results .xfer/old/tests .xfer/old/docs     # about 1 MB left: carry [".xfer/old"]
+# and alternate calls run from the repository root and from it:
+#   cd .xfer/old && export PYTHONPATH=/tmp/site:$PWD ... && OUT=$OUT/old RESULTS_DIR=/tmp/res-old \
+#     bash benchmarks/gpu_session.sh
+# (benchmarks/results/gpu-h100/lease-2026-12-05f/ ran so).
+#
 # Steps, each under a time limit (its cap, or what is left of SESSION_SECONDS, default 540):
 #   run        benchmarks.run: 10,000 items at max_tokens 80 and 16 with one engine; HF transformers on 256 items
 #              in batches of 64; one prompt per call on 32 items; the retry strategies on 64 items; the whole job
