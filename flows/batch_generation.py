@@ -178,13 +178,18 @@ def run_window(spec: JobSpec, window: Window, publication: Any, turns: FirstProm
     validated: list[Validated] = []
     validate_attempts(spec, window, generated[-1].rows, validated, ahead.results())
     for _ in range(passes_after_stream(spec, prompts.max_model_len)):
-        label = f"{window.label}-retry{len(validated)}"
+        label = pass_label(window, len(validated))
         requests = plan_retry_task(spec, quote([v.rows for v in validated]), prompts.max_model_len, label)
         if not requests:
             break
         generated.append(generate_task(spec, quote(requests), label, prompts.max_model_len))
         validate_attempts(spec, window, generated[-1].rows, validated)
     stage_window_task(spec, quote(publication), window, prompts, [g.stats for g in generated], quote(validated))
+
+
+def pass_label(window: Window, passes_before: int) -> str:
+    """A window's pass in task run names: the window's label for its first pass, `-retryN` after N passes."""
+    return window.label if not passes_before else f"{window.label}-retry{passes_before}"
 
 
 class AttemptValidations:
@@ -211,7 +216,7 @@ class AttemptValidations:
         Said once more by a generate task that Prefect retried: the same attempts, validated once."""
         if attempt in self._threads or not rows:
             return
-        label = self.window.label if not self._threads else f"{self.window.label}-retry{len(self._threads)}"
+        label = pass_label(self.window, len(self._threads))
         # a copy each: a context is entered by one thread at a time, and two attempt numbers may be validated at once
         thread = threading.Thread(target=self._context.copy().run, args=(self._validate, attempt, rows, label),
                                   daemon=True, name=f"batchgen-validate-{label}")
@@ -241,7 +246,7 @@ def validate_attempts(spec: JobSpec, window: Window, rows: pd.DataFrame, validat
     already made, by attempt number (AttemptValidations)."""
     groups = [(None, rows)] if rows.empty else list(rows.groupby("attempt", sort=True))
     for attempt, group in groups:
-        label = window.label if not validated else f"{window.label}-retry{len(validated)}"
+        label = pass_label(window, len(validated))
         done = (made or {}).get(attempt)
         if done is not None:
             if len(done.rows) != len(group):  # every attempt of that number was there when it was validated
