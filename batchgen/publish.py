@@ -344,18 +344,9 @@ def unified_schema(schemas: list[pa.Schema]) -> pa.Schema:
     return pa.schema([pa.field(f.name, pa.string()) if pa.types.is_null(f.type) else f for f in unified])
 
 
-Piece = tuple[int, int]  # (window, piece): a window is staged as one piece, or as its early piece then its last
-
-
-def _part(parts: Path, name: str, key: Piece) -> Path:
-    """Piece `key`'s part of table file `name` in the folder `parts`, without its suffix (.parquet, .jsonl)."""
-    index, piece = key
-    return parts / (f"{Path(name).stem}-{index:06d}" + (f"-{piece}" if piece else ""))
-
-
-def _label(key: Piece) -> str:
-    """A piece in messages: the window's number, then `.piece` for a window's later pieces."""
-    return f"{key[0]}" + (f".{key[1]}" if key[1] else "")
+def _part(parts: Path, name: str, index: int) -> Path:
+    """Window `index`'s part of table file `name` in the folder `parts`, without its suffix (.parquet, .jsonl)."""
+    return parts / f"{Path(name).stem}-{index:06d}"
 
 
 class _TableWriter:
@@ -425,75 +416,65 @@ def _write_table(tables: Iterable[pa.Table | tuple[pa.Table, Path]], schema: pa.
 
 class _WindowJoin:
     """The windows' parts joined into the publication's tables while the run goes on, in window order (windows
-    are numbered from 1 with no gap, as the flow numbers them), a window's pieces in the order they were staged
-    (its early piece, then its last: `Publication.add_window`): a piece is joined as soon as the windows before
-    its window are, by the thread that staged it or the one joining already, so that seal has the last windows
-    left to write, not all of them again. Each table is written with its first window's schema; seal uses what was
+    are numbered from 1 with no gap, as the flow numbers them): a window is joined as soon as the windows before
+    it are, by the thread that staged it or the one joining already, so that seal has the last windows left to
+    write, not all of them again. Each table is written with its first window's schema; seal uses what was
     joined when that is the schema of all the windows' parts (`unified_schema`) and it holds every window once,
     in order, else it joins the parts (a column Arrow inferred differently in a later window, a window staged
     twice, a failed write): the same bytes either way."""
 
     def __init__(self, directory: Path, jsonl: bool):
         self.directory, self.jsonl = directory, jsonl
-        self.joined: list[Piece] = []
+        self.joined: list[int] = []
         self.writers: dict[str, _TableWriter] = {}
         self.broken: str | None = None  # why the parts are joined at seal instead
-        self._next = 1  # the window whose pieces are joined next
-        # staged pieces waiting for the windows before theirs, by window, in the order staged: the piece, its tables
-        # (None: read back), its parts' schemas, and whether it is its window's last
-        self._ready: dict[int, list[tuple[int, dict[str, pa.Table] | None, dict[str, pa.Schema], bool]]] = {}
-        self._seen: set[Piece] = set()
-        self._busy = False  # a thread is joining: a piece staged meanwhile is left to it
+        self._next = 1
+        # staged windows waiting for the ones before them: their tables (None: read back) and their parts' schemas
+        self._ready: dict[int, tuple[dict[str, pa.Table] | None, dict[str, pa.Schema]]] = {}
+        self._busy = False  # a thread is joining: a window staged meanwhile is left to it
         self._state = threading.Condition()
 
     def path(self, name: str) -> Path:
         return self.directory / f"{Path(name).stem}.joined.parquet"
 
-    def add(self, key: Piece, tables: dict[str, pa.Table], schemas: dict[str, pa.Schema], last: bool = True) -> None:
-        """Piece `key` (window, piece), just staged as parts (`tables` and their files' `schemas`, by table file),
-        its window's `last` or not: joined now if its window's turn has come (and any staged pieces after it), else
-        once the windows before its window are."""
-        index = key[0]
+    def add(self, index: int, tables: dict[str, pa.Table], schemas: dict[str, pa.Schema]) -> None:
+        """Window `index`, just staged as parts (`tables` and their files' `schemas`, by table file): joined now if
+        its turn has come (and any staged windows after it), else when the window before it is."""
         with self._state:
             if self.broken is not None:
                 return
-            if index < self._next or key in self._seen:
-                self.broken = f"window {_label(key)} staged twice"
+            if index < self._next or index in self._ready:
+                self.broken = f"window {index} staged twice"
                 return
-            self._seen.add(key)
-            ready = (key[1], tables if index == self._next else None, schemas, last)  # a later one: read back
-            self._ready.setdefault(index, []).append(ready)
+            self._ready[index] = (tables if index == self._next else None, schemas)  # a later one: read back
             if self._busy:
                 return
             self._busy = True
         while True:
             with self._state:
-                if self.broken is not None or not self._ready.get(self._next):
+                if self.broken is not None or self._next not in self._ready:
                     self._busy = False
                     self._state.notify_all()
                     return
                 index = self._next
-                piece, tables, schemas, last = self._ready[index].pop(0)
-            key = (index, piece)
+                tables, schemas = self._ready.pop(index)
             try:
-                self._write(key, tables, schemas)
+                self._write(index, tables, schemas)
             except BaseException as error:  # the parts are all there: seal joins them, and meets the error again
                 with self._state:           # if it was more than this join's
-                    self.broken = f"window {_label(key)}: {type(error).__name__}: {error}"
+                    self.broken = f"window {index}: {type(error).__name__}: {error}"
                     self._busy = False
                     self._state.notify_all()
                 if not isinstance(error, Exception):
                     raise
                 return
             with self._state:
-                self.joined.append(key)
-                if last:
-                    del self._ready[index]
-                    self._next += 1
+                self.joined.append(index)
+                self._next += 1
 
-    def _write(self, key: Piece, tables: dict[str, pa.Table] | None, schemas: dict[str, pa.Schema]) -> None:
+    def _write(self, index: int, tables: dict[str, pa.Table] | None, schemas: dict[str, pa.Schema]) -> None:
         for name in TABLE_FILES.values():
-            part = _part(self.directory, name, key)
+            part = _part(self.directory, name, index)
             table = tables[name] if tables is not None else pq.read_table(part.with_suffix(".parquet"))
             writer = self.writers.get(name)
             if writer is None:
@@ -502,9 +483,9 @@ class _WindowJoin:
                 writer = self.writers[name] = _TableWriter(self.path(name), mirror, unified_schema([schemas[name]]))
             writer.write(table, part.with_suffix(".jsonl") if self.jsonl else None)
 
-    def finish(self, schemas: dict[str, pa.Schema], windows: list[Piece]) -> str | None:
-        """Close the joined files once no piece is being joined. None when they are the tables of `windows` (every
-        staged piece, in order) with `schemas` (the pieces' parts' unified schemas, by table file), else why not."""
+    def finish(self, schemas: dict[str, pa.Schema], windows: list[int]) -> str | None:
+        """Close the joined files once no window is being joined. None when they are the tables of `windows` (every
+        staged window, in order) with `schemas` (the windows' parts' unified schemas, by table file), else why not."""
         with self._state:
             while self._busy:
                 self._state.wait()
@@ -518,7 +499,7 @@ class _WindowJoin:
         if broken is not None:
             return broken
         if not windows or joined != windows:
-            return f"windows [{', '.join(map(_label, joined))}] joined of [{', '.join(map(_label, windows))}]"
+            return f"windows {joined} joined of {windows}"
         changed = [Path(name).stem for name, schema in schemas.items()
                    if name not in self.writers or self.writers[name].schema != schema]
         return f"a later window changed the columns of {', '.join(changed)}" if changed else None
@@ -556,8 +537,8 @@ class Publication:
         self._lock = threading.Lock()
         self._join = _WindowJoin(self.staging / PARTS, jsonl)
         self.join_fallback: str | None = None  # after seal: why the tables were not the ones joined as staged
-        self._schemas: dict[str, dict[Piece, pa.Schema]] = {name: {} for name in TABLE_FILES.values()}  # by piece
-        self._empty: dict[str, set[Piece]] = {name: set() for name in TABLE_FILES.values()}  # pieces without rows
+        self._schemas: dict[str, dict[int, pa.Schema]] = {name: {} for name in TABLE_FILES.values()}  # by window
+        self._empty: dict[str, set[int]] = {name: set() for name in TABLE_FILES.values()}  # windows without rows
 
     @classmethod
     def open(cls, out_dir: Path, **options: Any) -> Publication:
@@ -581,39 +562,32 @@ class Publication:
             self.discard()
 
     def add_window(self, index: int, accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.DataFrame,
-                   inputs: tuple[pa.DataType, Callable[[Any], Any]], totals: RunTotals, piece: int = 0,
-                   last: bool = True) -> None:
+                   inputs: tuple[pa.DataType, Callable[[Any], Any]], totals: RunTotals) -> None:
         """Write one window's rows (assembled frames; their inputs encoded with `inputs`, the same for every window:
-        schema.frame_input_codec) as its piece of each table, and add its totals to the run's.
-
-        A window may be staged in two pieces, each with its own items' rows: its early piece (`piece=0,
-        last=False`: the items final after their first pass, staged while the window's retries still run), then
-        its last (`piece=1`, after the early one has been added). Its rows are published in that order."""
-        key = (index, piece)
+        schema.frame_input_codec) as its piece of each table, and add its totals to the run's."""
         tables = frame_tables(accepted, rejected, attempts, inputs, self.id_column)
         parts = self.staging / PARTS
         parts.mkdir(exist_ok=True)
         for name, table in tables.items():
             # A part is not kept after a crash: no fsync (commit syncs the joined tables).
-            part = _part(parts, name, key)
+            part = _part(parts, name, index)
             if self.jsonl:  # its JSON lines now, while the engine works on later windows, not all at seal
                 _write_jsonl(table, part.with_suffix(".jsonl"))
             write_atomic(table, part.with_suffix(".parquet"), sync=False)
-        schemas = {name: pq.read_schema(_part(parts, name, key).with_suffix(".parquet")) for name in tables}
+        schemas = {name: pq.read_schema(_part(parts, name, index).with_suffix(".parquet")) for name in tables}
         with self._lock:
             for name, schema in schemas.items():
-                self._schemas[name][key] = schema
-                (self._empty[name].add if tables[name].num_rows == 0 else self._empty[name].discard)(key)
-        self._join.add(key, tables, schemas, last)
+                self._schemas[name][index] = schema
+                (self._empty[name].add if tables[name].num_rows == 0 else self._empty[name].discard)(index)
+        self._join.add(index, tables, schemas)
         with self._lock:
             self.totals = self.totals + totals
             self.windows_done = time.perf_counter()
 
-    def _staged(self) -> tuple[dict[str, pa.Schema], list[Piece]]:
-        """The staged pieces' unified schema of each table file (`unified_schema`, in window order) and their
-        keys (window, piece), in order. A piece without rows in a table says nothing of its columns' types (a
-        structured-output field it has no value of is text there): its schema counts only where no piece has
-        rows."""
+    def _staged(self) -> tuple[dict[str, pa.Schema], list[int]]:
+        """The staged windows' unified schema of each table file (`unified_schema`, in window order) and their
+        numbers. A window without rows in a table says nothing of its columns' types (a structured-output field
+        it has no value of is text there): its schema counts only where no window has rows."""
         with self._lock:
             windows = sorted(self._schemas[RESULTS])
             schemas = {}
@@ -622,8 +596,8 @@ class Publication:
                 schemas[name] = unified_schema([by_window[i] for i in having])
             return schemas, windows
 
-    def _parts(self, schemas: dict[str, pa.Schema], windows: list[Piece]) -> Streams:
-        """The pieces' parts of each table, read one at a time, with the table's schema."""
+    def _parts(self, schemas: dict[str, pa.Schema], windows: list[int]) -> Streams:
+        """The windows' parts of each table, read one at a time, with the table's schema."""
         streams = {}
         for name, schema in schemas.items():
             parts = [_part(self.staging / PARTS, name, index) for index in windows]
@@ -631,7 +605,7 @@ class Publication:
                                       for part in parts))
         return streams
 
-    def _take_joined(self, schemas: dict[str, pa.Schema], windows: list[Piece]) -> dict[str, Any] | None:
+    def _take_joined(self, schemas: dict[str, pa.Schema], windows: list[int]) -> dict[str, Any] | None:
         """The tables joined while the windows were staged (`_WindowJoin`), moved into place, with their manifest
         entries (rows, SHA-256: hashed one table per thread); None when they are not the join of the parts of
         `windows` with `schemas` (`_staged`), which seal then writes."""

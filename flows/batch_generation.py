@@ -30,7 +30,7 @@ from batchgen.job import JobSpec
 from batchgen.progress import job_progress
 from batchgen.records import Attempt, Manifest, Window, columns_of
 from batchgen.resolve import resolve_job
-from batchgen.retry import job_stream_retry, passes_after_stream
+from batchgen.retry import passes_after_stream
 from batchgen.schema import frame_input_codec
 from expectations.workers import start_validation_workers
 from expectations.workers import wanted as validation_workers
@@ -38,8 +38,7 @@ from tasks.check import check_job_task
 from tasks.generate import generate_task, start_engine_early, store_keys_held
 from tasks.load import load_items_task
 from tasks.prompts import build_prompts_task
-from tasks.publish import (StagedEarly, final_after_first_pass, open_publication, preload_publish, publish_task,
-                           stage_first_pass_task, stage_window_task)
+from tasks.publish import open_publication, preload_publish, publish_task, stage_window_task
 from tasks.retry import plan_retry_task
 from tasks.validate import Validated, validate_task
 
@@ -171,8 +170,7 @@ def run_window(spec: JobSpec, window: Window, publication: Any, turns: FirstProm
         # quote(): Prefect would otherwise walk every request and token id to track task inputs (seconds per
         # window).
         requests = first_pass_requests(prompts.built.prompts, spec.sampling)
-        early = publication if stages_first_pass_early(spec, prompts.max_model_len) else None
-        ahead = AttemptValidations(spec, window, release, early)
+        ahead = AttemptValidations(spec, window, release)
         generated = [generate_task(spec, quote(requests), window.label, prompts.max_model_len,
                                    quote(ahead.requests_done), quote(ahead.attempt_done))]
     if window.index == 1:
@@ -186,17 +184,7 @@ def run_window(spec: JobSpec, window: Window, publication: Any, turns: FirstProm
             break
         generated.append(generate_task(spec, quote(requests), label, prompts.max_model_len))
         validate_attempts(spec, window, generated[-1].rows, validated)
-    stage_window_task(spec, quote(publication), window, prompts, [g.stats for g in generated], quote(validated),
-                      quote(ahead.early))
-
-
-def stages_first_pass_early(spec: JobSpec, max_model_len: int | None) -> bool:
-    """Whether a window's items that are final after their first pass are staged then, as the window's early piece
-    (tasks.publish.stage_first_pass_task), rather than with its retried items once its last retry is back: when the
-    job retries cut-off outputs in the generate task's stream and nothing after it (no retry pass can follow), so an
-    item none of whose first outputs was cut off gets no other attempt. On a GPU the last windows' retry chains
-    end together with the engine's work; each of them then stages its retried items' rows, not all of its rows."""
-    return job_stream_retry(spec, max_model_len) is not None and passes_after_stream(spec, max_model_len) == 0
+    stage_window_task(spec, quote(publication), window, prompts, [g.stats for g in generated], quote(validated))
 
 
 def pass_label(window: Window, passes_before: int) -> str:
@@ -210,14 +198,10 @@ class AttemptValidations:
     the engine's stream: the first pass once its requests have their outputs, the first retries once every retry
     of the first pass is back, and so on. On a GPU the retry chains of the last windows end with the engine's
     work; what is left after the engine's last output is then the last retries' own few rows, not one validation
-    after another of every attempt number. The validations are tasks of the flow run, as the window's others.
-    With a `publication`, the items final after the first pass are staged as soon as it is validated
-    (stages_first_pass_early)."""
+    after another of every attempt number. The validations are tasks of the flow run, as the window's others."""
 
-    def __init__(self, spec: JobSpec, window: Window, release: Callable[[], None], publication: Any = None):
+    def __init__(self, spec: JobSpec, window: Window, release: Callable[[], None]):
         self.spec, self.window, self.release = spec, window, release
-        self.publication = publication  # where the first pass's final items are staged early (None: not early)
-        self.early: StagedEarly | None = None  # what was staged early, once the first pass is validated
         self._context = copy_context()  # the flow run's (the window's thread), entered by the validations' threads
         self._threads: dict[int, threading.Thread] = {}
         self._validated: dict[int, Validated] = {}
@@ -242,12 +226,7 @@ class AttemptValidations:
     def _validate(self, attempt: int, rows: list[Attempt], label: str) -> None:
         try:
             frame = pd.DataFrame(columns_of(rows, Attempt))
-            validated = validate_task(self.spec, quote(frame), self.window.keywords(self.spec), label)
-            self._validated[attempt] = validated
-            final = final_after_first_pass(validated.rows) if attempt == 1 and self.publication is not None else None
-            if final:
-                self.early = stage_first_pass_task(self.spec, quote(self.publication), self.window, quote(validated),
-                                                   quote(final))
+            self._validated[attempt] = validate_task(self.spec, quote(frame), self.window.keywords(self.spec), label)
         except BaseException as exc:  # noqa: BLE001  (raised in the window's thread by results())
             self._errors[attempt] = exc
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -68,70 +67,27 @@ def charts_apart() -> bool:
     return not on_cpu()
 
 
-@dataclass(frozen=True)
-class StagedEarly:
-    """A window's early piece (stage_first_pass_task): the items staged, and their count in the window's tally."""
-
-    item_ids: frozenset
-    items: int
-
-
-def final_after_first_pass(rows: pd.DataFrame) -> frozenset:
-    """The items of a window's first attempts (`rows`, the first pass validated) that will get no other attempt when
-    the job's only retries are cut-off outputs' retries in the generate task's stream: those none of whose candidates
-    was cut off by max_tokens. The stream retries nothing else, and no retry pass follows it
-    (`retry.passes_after_stream` is 0)."""
-    if rows.empty:
-        return frozenset()
-    cut = set(rows.loc[rows["finish_reason"] == "length", "item_id"].tolist())
-    return frozenset(item_id for item_id in rows["item_id"].unique().tolist() if item_id not in cut)
-
-
-@task(name="stage-first-pass", cache_policy=NO_CACHE, task_run_name="stage-first-pass-{window.label}")
-def stage_first_pass_task(job: JobSpec, publication: Publication, window: Window, first: Validated,
-                          final: frozenset) -> StagedEarly:
-    """Stage a window's items that are final after their first pass (`final`: final_after_first_pass of its first
-    attempts, `first`; most of a window's items) as the window's early piece of the tables, while the cut-off
-    ones' retries still run in the engine's stream: what is left to stage once the window's last retry is back is
-    the retried items' rows. The window's GX results, engine figures and the rest go with its last piece
-    (stage_window_task)."""
-    started = time.perf_counter()
-    items = window.items[window.items["item_id"].isin(final)]
-    attempts = first.rows[first.rows["item_id"].isin(final)]
-    result = assemble(items, window.columns, [], latest_attempts(attempts), job.sampling)
-    counted = tally(result.accepted, result.rejected, attempts)
-    seconds = Counter(validate_and_stage=time.perf_counter() - started)
-    publication.add_window(window.index, result.accepted, result.rejected, attempts, window.inputs,
-                           RunTotals(tally=counted, seconds=seconds), piece=0, last=False)
-    return StagedEarly(final, counted.items)
-
-
 @task(name="stage-window", cache_policy=NO_CACHE, task_run_name="stage-window-{window.label}")
 def stage_window_task(job: JobSpec, publication: Publication, window: Window, prompts: PromptStep | None,
-                      engine: list[EngineStats], validated: list[Validated], early: StagedEarly | None = None) -> Tally:
+                      engine: list[EngineStats], validated: list[Validated]) -> Tally:
     """Choose each item's published candidate in one window and write the window's rows into the publication,
     with the window's totals (its counts, GX results and figures); the window's items each end in accepted or
-    rejected, exactly once. `early`: the items the window's early piece staged (stage_first_pass_task), left out
-    here. Returns the window's counts (this piece's)."""
+    rejected, exactly once. Returns the window's counts."""
     started = time.perf_counter()
     attempts = pd.concat([v.rows for v in validated], ignore_index=True) if validated else \
         pd.DataFrame(columns=ATTEMPTS_SCHEMA.names)
-    items = window.items
-    if early is not None and early.item_ids:
-        items = items[~items["item_id"].isin(early.item_ids)]
-        attempts = attempts[~attempts["item_id"].isin(early.item_ids)].reset_index(drop=True)
     rejected = window.rejected + (prompts.built.rejected if prompts is not None else [])
-    result = assemble(items, window.columns, rejected, latest_attempts(attempts), job.sampling)
+    result = assemble(window.items, window.columns, rejected, latest_attempts(attempts), job.sampling)
     engine = sum(engine, EngineStats())
     counted = tally(result.accepted, result.rejected, attempts, reused=engine.reused)
     seconds = Counter(load_and_prompts=prompts.seconds if prompts is not None else 0.0,
                       validate_and_stage=sum(v.seconds for v in validated) + time.perf_counter() - started)
     publication.add_window(window.index, result.accepted, result.rejected, attempts, window.inputs, RunTotals(
         tally=counted, engine=engine, validation=[[v.result] for v in validated], seconds=seconds,
-        model=prompts.model if prompts is not None else None), piece=1 if early is not None and early.item_ids else 0)
+        model=prompts.model if prompts is not None else None))
     progress = for_run(run_key(job))
     if progress is not None:
-        progress.staged_window(window.label, counted.items + (early.items if early is not None else 0))
+        progress.staged_window(window.label, counted.items)
     return counted
 
 

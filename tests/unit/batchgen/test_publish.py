@@ -427,83 +427,23 @@ def test_windows_are_joined_as_they_are_staged_into_the_same_files_seal_would_wr
         verify_publication(publication.staging)
 
 
-def test_windows_staged_in_two_pieces_are_joined_each_early_piece_before_its_last(tmp_path):
-    """A window may stage its items final after the first pass early (piece 0, not its last), and the rest once its
-    retries are back (piece 1): its rows are published in that order, joined as staged whatever order the windows
-    come in, the same files a join of the parts at seal writes, every item once."""
-    import threading
-
-    def stage(out: Path, order: list[tuple[int, int]], threads: bool = False,
-              join: bool = True) -> tuple[Publication, dict[str, Any]]:
-        publication = Publication.open(out, jsonl=True)
-        if not join:
-            publication._join.broken = "turned off by the test"
-        rejected = dataset(0, 0)[1]
-
-        def add(index: int, piece: int) -> None:
-            ids = [f"w{index}-{piece}-{j}" for j in range(3 - piece)]
-            accepted = dataset(index, len(ids))[0].assign(item_id=ids, score=[0.5] * len(ids))
-            attempts = with_verdicts([row for i in ids for row in generated(i, [f"text {i}"])], [[] for _ in ids])
-            publication.add_window(index, accepted, rejected, attempts, (pa.string(), lambda value: None),
-                                   RunTotals(), piece=piece, last=piece == 1 or index == 2)
-
-        if threads:  # each window's pieces from one thread, in order, the windows at once
-            started = [threading.Thread(target=lambda i=i, pieces=pieces: [add(i, p) for p in pieces])
-                       for i, pieces in ((1, [0, 1]), (2, [0]), (3, [0, 1]))]
-            for thread in started:
-                thread.start()
-            for thread in started:
-                thread.join()
-        else:
-            for index, piece in order:
-                add(index, piece)
-        files = publication.seal(Manifest(job="pieces"), [])["files"]
-        return publication, {name: entry for name, entry in files.items() if name.endswith((".parquet", ".jsonl"))}
-
-    expected_ids = ["w1-0-0", "w1-0-1", "w1-0-2", "w1-1-0", "w1-1-1", "w2-0-0", "w2-0-1", "w2-0-2",
-                    "w3-0-0", "w3-0-1", "w3-0-2", "w3-1-0", "w3-1-1"]
-    at_seal, expected = stage(tmp_path / "at-seal", [(1, 0), (1, 1), (2, 0), (3, 0), (3, 1)], join=False)
-    assert at_seal.join_fallback == "turned off by the test"
-    for name, order, threads in (("in-order", [(1, 0), (1, 1), (2, 0), (3, 0), (3, 1)], False),
-                                 ("later-first", [(3, 0), (2, 0), (1, 0), (3, 1), (1, 1)], False),
-                                 ("threads", [], True)):
-        publication, files = stage(tmp_path / name, order, threads)
-        assert publication.join_fallback is None, name
-        assert len(files) == 6 and files == expected, name
-        assert pq.read_table(publication.staging / RESULTS)["item_id"].to_pylist() == expected_ids, name
-        lines = (publication.staging / "jsonl" / "accepted.jsonl").read_text(encoding="utf-8").splitlines()
-        assert [json.loads(line)["item_id"] for line in lines] == expected_ids, name
-        verify_publication(publication.staging)
-
-
-def test_a_window_s_last_piece_staged_again_is_published_once_as_last_staged(tmp_path):
-    """A window's last piece staged twice (its stage task retried by Prefect): seal joins the parts, the early
-    piece once and the last piece's rows as last staged."""
+def test_a_window_without_accepted_rows_does_not_change_a_column_s_type(tmp_path):
+    """A window can accept nothing (every item rejected): its structured-output column, of which it has no value,
+    is text there and says nothing of the column's type; the published column keeps the type of the windows that
+    have values (it was text for the whole table), and the windows are joined as staged."""
     publication = Publication.open(tmp_path / "out", jsonl=True)
     rejected = dataset(0, 0)[1]
-    for piece, ids in ((0, ["a", "b"]), (1, ["c"]), (1, ["c2"])):
-        accepted = dataset(1, len(ids))[0].assign(item_id=ids)
-        publication.add_window(1, accepted, rejected, dataset(0, 0)[2], (pa.string(), lambda value: None),
-                               RunTotals(), piece=piece, last=piece == 1)
-    publication.seal(Manifest(job="twice"), [])
-    assert publication.join_fallback == "window 1.1 staged twice"
-    assert pq.read_table(publication.staging / RESULTS)["item_id"].to_pylist() == ["a", "b", "c2"]
-
-
-def test_a_piece_without_rows_does_not_change_a_column_s_type(tmp_path):
-    """A window's last piece can have no accepted row (every retried item rejected): its structured-output column,
-    of which it has no value, is text there, and says nothing of the column's type; the published column keeps the
-    type of the pieces that have values, joined as staged."""
-    publication = Publication.open(tmp_path / "out", jsonl=True)
-    rejected = dataset(0, 0)[1]
-    for piece, ids, scores in ((0, ["a", "b"], [1, 2]), (1, [], [])):
-        accepted = dataset(1, len(ids))[0].assign(item_id=ids, score=pd.Series(scores, dtype=object))
-        publication.add_window(1, accepted, rejected, dataset(0, 0)[2], (pa.string(), lambda value: None),
-                               RunTotals(), piece=piece, last=piece == 1)
-    publication.seal(Manifest(job="empty piece"), [])
+    for index, ids, scores in ((1, ["a", "b"], [1, 2]), (2, [], []), (3, ["c"], [3])):
+        accepted = dataset(index, len(ids))[0].assign(item_id=ids, score=pd.Series(scores, dtype=object))
+        publication.add_window(index, accepted, rejected, dataset(0, 0)[2], (pa.string(), lambda value: None),
+                               RunTotals())
+    publication.seal(Manifest(job="empty window"), [])
     joined = pq.read_table(publication.staging / RESULTS)
     assert publication.join_fallback is None
-    assert joined.schema.field("score").type == pa.int64() and joined["score"].to_pylist() == [1, 2]
+    assert joined.schema.field("score").type == pa.int64() and joined["score"].to_pylist() == [1, 2, 3]
+    lines = (publication.staging / "jsonl" / "accepted.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["score"] for line in lines] == [1, 2, 3]
+    verify_publication(publication.staging)
 
 
 @pytest.mark.parametrize("later, reason", [([3.0], "a later window changed the columns of accepted"),

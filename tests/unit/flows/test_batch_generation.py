@@ -21,7 +21,6 @@ from flows.batch_generation import (
     FirstPromptsFirst,
     in_parallel,
     item_windows,
-    stages_first_pass_early,
     validate_attempts,
     window_workers,
 )
@@ -331,52 +330,3 @@ def test_an_attempt_number_validated_on_other_attempts_than_the_task_returned_is
     ahead.attempt_done(1, window_rows(2, 0))
     with pytest.raises(RuntimeError, match="attempt 1 was validated on 2 attempts, the generate task returned 3"):
         validate_attempts(None, window, pd.DataFrame(columns_of(window_rows(3, 0), Attempt)), [], ahead.results())
-
-
-def test_the_first_pass_s_final_items_are_staged_once_as_soon_as_it_is_validated(monkeypatch):
-    """With a publication, the window's first attempt number, once validated in the background, has its final items
-    staged in the same thread (tasks.publish.stage_first_pass_task), once, while later attempt numbers are not;
-    the window's last staging is handed what was staged early."""
-    validations, staged = Validations(), []
-    monkeypatch.setattr(flows.batch_generation, "validate_task", validations)
-
-    def stage_first_pass(spec, publication, window, first, final):
-        first, final = (getattr(x, "unquote", lambda: x)() for x in (first, final))
-        staged.append((threading.current_thread().name, list(first.rows["item_id"]), sorted(final)))
-        return "what was staged"
-
-    monkeypatch.setattr(flows.batch_generation, "stage_first_pass_task", stage_first_pass)
-    window = SimpleNamespace(label="w2", keywords=lambda spec: None)
-    ahead = AttemptValidations(None, window, lambda: None, publication="the publication")
-    rows = [*window_rows(1, 1), *generated("i1", ["whole"]), *generated("i2", ["whole"])]  # i0 cut off, retried
-    ahead.attempt_done(1, window_attempts(rows, 1))
-    ahead.attempt_done(1, window_attempts(rows, 1))  # said again by a generate task Prefect retried
-    ahead.attempt_done(2, window_attempts(rows, 2))
-    ahead.results()
-    assert staged == [("batchgen-validate-w2", ["i0", "i1", "i2"], ["i1", "i2"])]
-    assert ahead.early == "what was staged"
-    without = AttemptValidations(None, window, lambda: None)  # no publication: nothing staged early
-    without.attempt_done(1, window_attempts(rows, 1))
-    without.results()
-    all_cut = AttemptValidations(None, window, lambda: None, publication="the publication")
-    all_cut.attempt_done(1, window_attempts(window_rows(2, 0), 1))  # every item waits for its retries: no task
-    all_cut.results()
-    assert len(staged) == 1 and without.early is None and all_cut.early is None
-
-
-@pytest.mark.parametrize(("retry", "sampling", "max_model_len", "early"), [
-    ({}, {}, 2048, True),  # cut-off outputs retried in the stream, nothing after it
-    ({"in_stream": False}, {}, 2048, False),  # retried in passes after validation
-    ({"on": ["truncated", "keyword"]}, {}, 2048, False),  # a failed keyword is resampled in a pass
-    ({"max_passes": 0}, {}, 2048, False),  # no retries: the window is staged once, whole
-    ({}, {"use_beam_search": True, "n": 2}, 2048, False),  # beam search retries in passes
-    ({}, {}, None, False),  # the engine's context unknown: the stream retries nothing
-])
-def test_a_window_stages_its_first_pass_early_only_when_nothing_after_the_stream_retries(
-        tmp_path, retry, sampling, max_model_len, early):
-    from batchgen.job import JobSpec
-
-    job = JobSpec.model_validate({"input": {"path": "x.csv"}, "prompt": {"template": "{{ name }}"},
-                                  "output": {"dir": str(tmp_path)}, "retry": retry, "sampling": sampling,
-                                  "expectations": {"keyword_column": "name"}})
-    assert stages_first_pass_early(job, max_model_len) is early
