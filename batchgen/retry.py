@@ -90,8 +90,12 @@ def retry_on(retry: RetrySpec) -> set[str]:
 
 
 def _failed(row: object) -> list[str]:
-    failed = getattr(row, "failed", None)
-    return [] if failed is None or isinstance(failed, float) else list(failed)
+    return _failures(getattr(row, "failed", None))
+
+
+def _failures(failed: object) -> list[str]:
+    """An attempt's `failed` value as a list (none: missing, or NaN where a frame lacked it)."""
+    return [] if failed is None or isinstance(failed, float) else list(failed)  # type: ignore[call-overload]
 
 
 def resample_temperature(current: float, retry: RetrySpec) -> float:
@@ -280,18 +284,22 @@ def _without(logprob: float | None, dropped: list[int], positions: list | None) 
 
 def rescued_by_reason(accepted: pd.DataFrame, attempts: pd.DataFrame) -> dict[str, int]:
     """Accepted items whose published candidate failed on an earlier attempt, by each reason it failed then
-    (an item rescued from two failures counts under both; `truncated` also when only cut off)."""
+    (an item rescued from two failures counts under both; `truncated` also when only cut off). Read from a few
+    columns as lists (not the texts; a pandas merge of a window's attempts cost more than the counting)."""
     if accepted.empty or attempts.empty:
         return {}
-    won = accepted.loc[accepted["attempt"] > 1, ["item_id", "candidate", "attempt"]]
-    if won.empty:
+    won = {(item_id, candidate): number for item_id, candidate, number in zip(
+        *(accepted[column].tolist() for column in ("item_id", "candidate", "attempt"))) if number > 1}
+    if not won:
         return {}
-    needed = [c for c in ("item_id", "candidate", "attempt", "finish_reason", "failed") if c in attempts]
-    earlier = attempts[needed].merge(won, on=["item_id", "candidate"], suffixes=("", "_won"))  # not the texts
-    earlier = earlier[earlier["attempt"] < earlier["attempt_won"]]
+    failed = attempts["failed"].tolist() if "failed" in attempts else [None] * len(attempts)
     reasons: dict[str, set] = {}
-    for row in earlier.itertuples(index=False):
-        names = set(_failed(row)) | ({"truncated"} if row.finish_reason == "length" else set())
+    for item_id, candidate, number, finish, failures in zip(*(attempts[column].tolist() for column in (
+            "item_id", "candidate", "attempt", "finish_reason")), failed):
+        published = won.get((item_id, candidate))
+        if published is None or number >= published:
+            continue
+        names = set(_failures(failures)) | ({"truncated"} if finish == "length" else set())
         for name in names:
-            reasons.setdefault(name, set()).add(row.item_id)
+            reasons.setdefault(name, set()).add(item_id)
     return {name: len(ids) for name, ids in sorted(reasons.items())}
