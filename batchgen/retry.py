@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import pandas as pd
 
@@ -93,9 +94,9 @@ def _failed(row: object) -> list[str]:
     return _failures(getattr(row, "failed", None))
 
 
-def _failures(failed: object) -> list[str]:
+def _failures(failed: Any) -> list[str]:
     """An attempt's `failed` value as a list (none: missing, or NaN where a frame lacked it)."""
-    return [] if failed is None or isinstance(failed, float) else list(failed)  # type: ignore[call-overload]
+    return [] if failed is None or isinstance(failed, float) else list(failed)
 
 
 def resample_temperature(current: float, retry: RetrySpec) -> float:

@@ -301,9 +301,9 @@ def render_markdown(result: dict[str, Any]) -> str:
                       "behind the first attempts "
                       "still waiting (`in_stream_first_come`: every request at priority 0, as under vLLM's default "
                       "policy); `in_stream_ahead` and `in_stream_no_ahead`: in the stream with `retry.ahead` on "
-                      "and off (off is the default); `to_cap_in_stream`: one retry straight to the cap (80 -> 320 tokens "
-                      "instead of 80 -> 160 -> 320), `continue_to_cap_in_stream` the same by `continue`; a name "
-                      "ending in `_2`: that way run again. "
+                      "and off (off is the default); `to_cap_in_stream`: one retry straight to the cap "
+                      "(80 -> 320 tokens instead of 80 -> 160 -> 320), `continue_to_cap_in_stream` the same by "
+                      "`continue`; a name ending in `_2`: that way run again. "
                       + ("Each is compared with a raw call of its own, made right before or after it. "
                          if with_retries.get("raw_first_pass_order") else "")
                       + "Engine full: the share of the engine's stepping time it held at least max_num_seqs "
