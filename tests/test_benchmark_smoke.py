@@ -23,7 +23,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--repeats", "2", "--beside-pipeline",
                            "40", "--with-retries", "--retry-variants", "in_stream", "continue_in_stream",
-                           "in_stream", "--windows-held-per-place", "3", "--add-per-step", "5",
+                           "in_stream", "to_cap_in_stream", "--windows-held-per-place", "3", "--add-per-step", "5",
                            "--flow-variants", "add_all", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
@@ -78,9 +78,11 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     # the job with retries, each variant against a raw call of its own made right beside it (raw first, then the job
     # first), not against the pairs' raw calls made minutes before: the host's pace drifts
     jobs = result["sizes"]["8"]["with_retries"]["variants"]
-    assert list(jobs) == ["in_stream", "continue_in_stream", "in_stream_2"]  # a way named again runs again
+    assert list(jobs) == ["in_stream", "continue_in_stream", "in_stream_2", "to_cap_in_stream"]  # run again
     assert [v["raw_first_pass_order"] for v in jobs.values()] == ["raw, then the job", "the job, then raw",
-                                                                  "raw, then the job"]
+                                                                  "raw, then the job", "the job, then raw"]
+    # one retry straight to the example job's cap: its own settings over the example's
+    assert jobs["to_cap_in_stream"]["retry"] == {**jobs["in_stream"]["retry"], "growth_factor": 4, "max_passes": 1}
     for v in jobs.values():
         assert v["around_engine"]["after_last_output"] > 0  # each generated anew (its own output folder)
         assert v["engine_feed"]["steps"] > 0
