@@ -538,7 +538,7 @@ class Publication:
         self._join = _WindowJoin(self.staging / PARTS, jsonl)
         self.join_fallback: str | None = None  # after seal: why the tables were not the ones joined as staged
         self._schemas: dict[str, dict[int, pa.Schema]] = {name: {} for name in TABLE_FILES.values()}  # by window
-        self._empty: dict[str, set[int]] = {name: set() for name in TABLE_FILES.values()}  # windows without rows
+        self._rows: dict[str, dict[int, int]] = {name: {} for name in TABLE_FILES.values()}  # by window
 
     @classmethod
     def open(cls, out_dir: Path, **options: Any) -> Publication:
@@ -578,7 +578,7 @@ class Publication:
         with self._lock:
             for name, schema in schemas.items():
                 self._schemas[name][index] = schema
-                (self._empty[name].add if tables[name].num_rows == 0 else self._empty[name].discard)(index)
+                self._rows[name][index] = tables[name].num_rows
         self._join.add(index, tables, schemas)
         with self._lock:
             self.totals = self.totals + totals
@@ -592,7 +592,7 @@ class Publication:
             windows = sorted(self._schemas[RESULTS])
             schemas = {}
             for name, by_window in self._schemas.items():
-                having = [i for i in windows if i not in self._empty[name]] or windows
+                having = [i for i in windows if self._rows[name][i]] or windows
                 schemas[name] = unified_schema([by_window[i] for i in having])
             return schemas, windows
 
