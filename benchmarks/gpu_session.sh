@@ -12,6 +12,8 @@
 #                                               # also with retry.ahead, each way twice, alternating
 #   RUN_EXTRA="--retry-variants in_stream to_cap_in_stream in_stream to_cap_in_stream" BESIDE80=0 REPEATS=1 \
 #     STEPS=paired80 ...                         # one grow retry straight to the cap against two doublings
+#                                               # (2026-12-06, a slow H100: no faster, more left cut off; with a
+#                                               # cold compile cache it needs more than one call's 480 s there)
 #   BESIDE16=0 BESIDE80=0 STEP_CAP=580 ...  # paired16/paired80 without the raw-beside-pipeline run, a longer cap
 #   RUN_EXTRA="--windows-held-per-place 8" BESIDE80=0 STEPS=paired80 ...   # the flow holding 8 windows per place
 #                                               # (also without retries): one call, then the same without it
