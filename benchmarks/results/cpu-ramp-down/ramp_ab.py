@@ -1,0 +1,70 @@
+"""The last windows ramped down (1,024, 512, 256: the flow's windows today) against full windows to the end (only
+the first windows ramped up), on a stand-in engine that batches like vLLM (FIFO admission, 1,024 running, STEP
+seconds a step: benchmarks/standin.py), alternating, one JSON line per run.
+
+    STEP=0.03 CUT=15 MAXTOK=80 RETRIES=0 PREFECT_HOME=$PWD/.prefect BATCHGEN_CACHE=$PWD/.cache \
+        .venv/bin/python benchmarks/results/cpu-ramp-down/ramp_ab.py 10000 3
+
+RETRIES=1 runs the example job's retries (grow x2 up to 320, in the stream). An ad-hoc measurement kept with its
+figures (README.md), not a benchmark of the suite."""
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from benchmarks import run as bench  # noqa: E402
+
+bench.set_environment()
+from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+
+import benchmarks.standin as standin  # noqa: E402
+
+llm, job, work, reps = standin.batching_retry_bench(80)
+if os.environ.get("RETRIES", "0") != "1":
+    job = job.model_copy(update={"retry": job.retry.model_copy(update={"max_passes": 0})})
+import flows.batch_generation as fb  # noqa: E402
+
+ramped = fb.item_windows
+
+
+def head_only(count, size, ramp=False):
+    """The windows with the first ones ramped up and full windows to the end (no ramp down)."""
+    bounds = ramped(count, size, ramp)
+    if not ramp or len(bounds) < 3:
+        return bounds
+    widths = [stop - start for start, stop in bounds]
+    head = []
+    for width in widths:  # the growing windows at the start: RAMP, 2 * RAMP, ...
+        if width != fb.RAMP << len(head):
+            break
+        head.append(width)
+    left = count - sum(head)
+    middle = -(-left // size)
+    widths = head + [left // middle + (i < left % middle) for i in range(middle)]
+    out, start = [], 0
+    for width in widths:
+        out.append((start, start + width))
+        start += width
+    return out
+
+
+with prefect_test_harness(server_startup_timeout=120):
+    fb.batch_generation(bench.bench_job(bench.write_products(work / "w.csv", 8), work / "ow", 16))
+    for rep in range(reps):
+        for way in (("ramp_down", "full_to_end") if rep % 2 == 0 else ("full_to_end", "ramp_down")):
+            fb.item_windows = ramped if way == "ramp_down" else head_only
+            out = work / f"out-{rep}-{way}"
+            started = time.perf_counter()
+            manifest = fb.batch_generation(job.model_copy(update={"output": job.output.model_copy(
+                update={"dir": str(out)})}))
+            wall = time.perf_counter() - started
+            windows = [stop - start for start, stop in fb.item_windows(manifest.counts.items, job.window_size, True)]
+            print(json.dumps({"way": way, "wall": round(wall, 2),
+                              "after_last_output": round(started + wall - llm.llm_engine.last_output_at, 3),
+                              "windows": windows, "items": manifest.counts.items,
+                              "accepted": manifest.counts.accepted,
+                              "generate": round(manifest.timings_seconds["generate"], 2)}), flush=True)
+shutil.rmtree(work, ignore_errors=True)
