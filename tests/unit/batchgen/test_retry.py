@@ -41,6 +41,30 @@ def test_latest_attempts_picks_the_newest_attempt_per_item_and_candidate():
     assert got == [("a", 0, 2, "stop"), ("a", 1, 1, "stop"), ("b", 0, 3, "stop")]
 
 
+def test_latest_attempts_come_in_item_then_candidate_order_and_a_repeated_attempt_keeps_its_later_row():
+    attempts = frame(
+        attempt("é", 0, 1, text="é first"), attempt("b", 1, 1), attempt("B", 0, 1), attempt("b", 0, 2, "stop"),
+        attempt("é", 0, 1, "stop", text="é again"), attempt("b", 0, 1), attempt("中", 0, 1),
+    )
+    attempts["item_id"] = attempts["item_id"].astype("string[pyarrow]")
+
+    latest = latest_attempts(attempts)
+
+    # code point order, as the published rows of a window come: "B" < "b" < "é" < "中"
+    assert list(zip(latest["item_id"], latest["candidate"], latest["attempt"])) == [
+        ("B", 0, 1), ("b", 0, 2), ("b", 1, 1), ("é", 0, 1), ("中", 0, 1)]
+    assert latest.loc[latest["item_id"] == "é", "text"].item() == "é again"
+    assert list(latest.columns) == list(attempts.columns)
+
+
+def test_latest_attempts_of_items_with_integer_ids_are_found_too():
+    attempts = frame(attempt(3, 0, 1), attempt(1, 0, 1), attempt(1, 0, 2, "stop"), attempt(2, 0, 1))
+
+    latest = latest_attempts(attempts)
+
+    assert list(zip(latest["item_id"], latest["attempt"])) == [(1, 2), (2, 1), (3, 1)]
+
+
 def test_latest_attempts_of_nothing_is_empty():
     empty = pd.DataFrame(columns=["item_id", "candidate", "attempt"])
     assert latest_attempts(empty).empty
