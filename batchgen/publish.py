@@ -48,7 +48,8 @@ import pyarrow.parquet as pq
 from batchgen.card import dataset_card
 from batchgen.files import fsync_dir, replaced, sha256_of, write_text
 from batchgen.records import ATTEMPTS_SCHEMA, Manifest, RunTotals
-from batchgen.schema import accepted_schema, input_fields, output_names, published_input_names, rejected_schema
+from batchgen.schema import (InputCodec, accepted_schema, input_fields, output_names, published_input_names,
+                             rejected_schema)
 from batchgen.store import write_atomic
 
 ACCEPTED_TABLE, REJECTED_TABLE, ATTEMPTS_TABLE = "accepted", "rejected", "attempts"
@@ -268,9 +269,15 @@ def frame_tables(accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.Da
     fields = input_fields(struct, renamed)
 
     def flat(frame: pd.DataFrame) -> pd.DataFrame:
-        encoded = [encode(value) for value in frame["input"]]
-        columns = {renamed[name]: [row.get(name) if row else None for row in encoded] for name in names}
-        return frame.drop(columns="input").assign(**columns) if columns else frame.drop(columns="input")
+        if not names:
+            return frame.drop(columns="input")
+        values = frame["input"].tolist()
+        if isinstance(encode, InputCodec):  # a list per column, not a dict per row
+            by_name = encode.columns(values, names)
+        else:
+            encoded = [encode(value) for value in values]
+            by_name = {name: [row.get(name) if row else None for row in encoded] for name in names}
+        return frame.drop(columns="input").assign(**{renamed[name]: by_name[name] for name in names})
 
     accepted, rejected = flat(accepted), flat(rejected)
     return {
