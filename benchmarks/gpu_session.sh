@@ -46,7 +46,8 @@
 #              each of $VARIANTS (default "add_all held8": a window's requests added at once; 8 windows held per
 #              place), on one engine, into $RES/variants80: which feeding, if any, closes the flow's gap to raw at 80
 #              tokens; 445 s with a cold compile cache at the defaults (each run ~30 s), a call of its own;
-#              VARIANTS=add_all REPEATS=3 fits the same time
+#              VARIANTS=add_all REPEATS=3 fits the same time; VARIANTS=full_to_end: the last windows full size,
+#              not ramped down (the pair benchmarks/results/cpu-ramp-down/ asks for on a GPU)
 #   here       the same comparison at 80 and 16 tokens (HF, the loop and the retry runs on a few items only) with
 #              vLLM's front end in the run's process (--front-end here), into $RES/front-end-here: the pair of `run`
 #   run_batch  benchmarks.run_batch_compare: `vllm run-batch` against `batchgen run`, each a fresh process, on the

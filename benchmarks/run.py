@@ -715,6 +715,7 @@ FLOW_VARIANTS: dict[str, tuple[dict[str, int], str]] = {
                                              "(batchgen.stream.ADD_PER_STEP otherwise)"),
     "held8": ({"windows_held_per_place": 8}, "it holds 8 windows per place, with retries or without"),
     "held1": ({"windows_held_per_place": 1}, "it holds 1 window per place"),
+    "full_to_end": ({"ramp_down": 0}, "its last windows full size, not ramped down (flows.batch_generation.RAMP_DOWN)"),
 }
 
 
@@ -735,8 +736,11 @@ def flow_variant(engine: Any, name: str) -> Iterator[None]:
 
     settings = FLOW_VARIANTS[name][0]
     held = (flow_module.WINDOWS_HELD_PER_PLACE, flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES)
+    ramp_down = flow_module.RAMP_DOWN
     added = None
     try:
+        if "ramp_down" in settings:
+            flow_module.RAMP_DOWN = bool(settings["ramp_down"])
         if "windows_held_per_place" in settings:
             flow_module.WINDOWS_HELD_PER_PLACE = flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES = \
                 settings["windows_held_per_place"]
@@ -745,6 +749,7 @@ def flow_variant(engine: Any, name: str) -> Iterator[None]:
         yield
     finally:
         flow_module.WINDOWS_HELD_PER_PLACE, flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES = held
+        flow_module.RAMP_DOWN = ramp_down
         if added is not None:
             set_add_per_step(engine, added)
 

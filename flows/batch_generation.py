@@ -287,7 +287,7 @@ def windows_in_flight(spec: JobSpec) -> int:
 
 def split_windows(spec: JobSpec, loaded: LoadedItems) -> list[Window]:
     """The run's windows (`item_windows`), numbered from 1; the rows rejected on load go with the first."""
-    bounds = item_windows(len(loaded.items), spec.window_size, ramp=windows_in_flight(spec) > 1)
+    bounds = item_windows(len(loaded.items), spec.window_size, ramp=windows_in_flight(spec) > 1, ramp_down=RAMP_DOWN)
     inputs = frame_input_codec(loaded.items, loaded.columns, [r.input for r in loaded.rejected])
     return [Window(index=number, label=f"w{number}" if len(bounds) > 1 else "all",
                    items=loaded.items.iloc[start:stop], columns=loaded.columns, inputs=inputs,
@@ -296,15 +296,21 @@ def split_windows(spec: JobSpec, loaded: LoadedItems) -> list[Window]:
 
 
 RAMP = 256  # the first and last windows' size when windows overlap (see item_windows)
+# Whether the last windows shrink as the first ones grow (item_windows' ramp_down). On a stand-in engine that batches
+# like vLLM it made no difference to what follows the engine's last output (benchmarks/results/cpu-ramp-down/); on
+# an H100 the three small last windows ended within 0.4 s of each other. `benchmarks.run --flow-variants
+# full_to_end` runs the flow without it beside the flow with it.
+RAMP_DOWN = True
 
 
-def item_windows(count: int, size: int, ramp: bool = False) -> list[tuple[int, int]]:
+def item_windows(count: int, size: int, ramp: bool = False, ramp_down: bool = True) -> list[tuple[int, int]]:
     """[start, stop) ranges of at most `size` items; one empty window when there are no items (rejections only).
 
     With `ramp`, the first windows grow from RAMP items, doubling up to `size`, so that the engine starts on a small
-    first window while the next ones are being built; and the last windows shrink the same way down to RAMP items,
-    so that what is left after the engine's last output (the last window's validation and staging) is small. The
-    full windows between share their items evenly: no small window left over in the middle or at the end."""
+    first window while the next ones are being built; and, with `ramp_down` too, the last windows shrink the same way
+    down to RAMP items, so that what is left after the engine's last output (the last window's validation and
+    staging) is small. The full windows between share their items evenly: no small window left over in the middle
+    or at the end."""
     if count <= 0:
         return [(0, 0)]
     if not ramp or size <= RAMP:
@@ -315,10 +321,11 @@ def item_windows(count: int, size: int, ramp: bool = False) -> list[tuple[int, i
     head: list[int] = []
     tail: list[int] = []  # from the end backwards
     left = count
-    for step in (step for step in steps for _ in (head, tail)):  # a small window at each end in turn
+    ends = (head, tail) if ramp_down else (head,)
+    for step in (step for step in steps for _ in ends):  # a small window at each end in turn
         if left - step < RAMP:  # what is left goes in the middle, no smaller than a ramp's window
             break
-        (tail if len(head) > len(tail) else head).append(step)
+        (tail if ramp_down and len(head) > len(tail) else head).append(step)
         left -= step
     middle = -(-left // size)  # full windows, as even as can be
     widths = head + [left // middle + (i < left % middle) for i in range(middle)] + tail[::-1]

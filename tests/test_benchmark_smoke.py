@@ -266,6 +266,9 @@ def test_a_flow_variant_holds_for_its_block_only_and_the_flow_settings_come_back
         with flow_variant(engine, "held1"):
             assert held() == (1, 1) and engine.stream.add_per_step == ADD_PER_STEP
         assert held() == (8, 2)
+        with flow_variant(engine, "full_to_end"):
+            assert flow_module.RAMP_DOWN is False and held() == (8, 2)
+        assert flow_module.RAMP_DOWN is True
         with pytest.raises(RuntimeError):
             with flow_variant(engine, "add_all"):
                 assert engine.stream.add_per_step == 1_000_000 and held() == (8, 2)

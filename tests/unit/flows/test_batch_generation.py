@@ -46,6 +46,14 @@ def test_overlapping_windows_ramp_up_at_the_start_and_down_at_the_end():
     assert widths(item_windows(5000, 1000, ramp=True)) == [256, 512, 866, 866, 866, 866, 512, 256]
 
 
+def test_without_the_ramp_down_the_windows_after_the_ramp_up_are_full_to_the_end():
+    assert widths(item_windows(10000, 2048, ramp=True, ramp_down=False)) == [256, 512, 1024, 1642, 1642, 1642, 1641,
+                                                                             1641]
+    assert widths(item_windows(20000, 2048, ramp=True, ramp_down=False)) == [256, 512, 1024, 2024] + [2023] * 8
+    assert widths(item_windows(1000, 2048, ramp=True, ramp_down=False)) == [256, 744]
+    assert item_windows(1000, 200, ramp=True, ramp_down=False) == item_windows(1000, 200)
+
+
 def test_a_small_run_gets_no_window_smaller_than_a_ramps():
     assert widths(item_windows(100, 2048, ramp=True)) == [100]
     assert widths(item_windows(511, 2048, ramp=True)) == [511]
@@ -59,15 +67,16 @@ def test_windows_no_larger_than_a_ramp_do_not_ramp():
 
 
 @pytest.mark.parametrize("size", [1, 7, 255, 256, 300, 512, 1000, 2048, 4096])
-@pytest.mark.parametrize("ramp", [False, True])
-def test_windows_cover_every_item_once_in_order_and_none_is_larger_than_the_window_size(size, ramp):
+@pytest.mark.parametrize("ramp, ramp_down", [(False, True), (True, True), (True, False)])
+def test_windows_cover_every_item_once_in_order_and_none_is_larger_than_the_window_size(size, ramp, ramp_down):
     for count in [1, 2, 255, 256, 257, 511, 512, 513, 1000, 1791, 1792, 3583, 3584, 3585, 10000, 33333]:
-        bounds = item_windows(count, size, ramp=ramp)
+        bounds = item_windows(count, size, ramp=ramp, ramp_down=ramp_down)
         assert bounds[0][0] == 0 and bounds[-1][1] == count
         assert all(stop == next_start for (_, stop), (next_start, _) in zip(bounds, bounds[1:]))
         assert all(0 < width <= size for width in widths(bounds)), (count, size, widths(bounds))
         if ramp and size > RAMP and count >= 2 * RAMP:  # a small first window; a small last one too with room
-            assert widths(bounds)[0] == RAMP and (count < 3 * RAMP or widths(bounds)[-1] == RAMP), widths(bounds)
+            assert widths(bounds)[0] == RAMP, widths(bounds)
+            assert count < 3 * RAMP or not ramp_down or widths(bounds)[-1] == RAMP, widths(bounds)
 
 
 def run_in_threads(work, indexes):
