@@ -257,8 +257,10 @@ def new_publication_id(now: datetime | None = None) -> str:
 
 
 def frame_tables(accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.DataFrame,
-                 codec: tuple[pa.DataType, Callable[[Any], Any]], id_column: str | None = None) -> dict[str, pa.Table]:
-    """The published tables from assembled frames, the inputs encoded with `codec` (`frame_input_codec`).
+                 codec: tuple[pa.DataType, InputCodec | Callable[[Any], Any]],
+                 id_column: str | None = None) -> dict[str, pa.Table]:
+    """The published tables from assembled frames, the inputs encoded with `codec` (`frame_input_codec`: its
+    InputCodec where the inputs have columns).
 
     Each input column becomes a column of its own (`published_input_names`: an input column named like one of
     batchgen's gets the prefix `input_`); the id column is not repeated, `item_id` holds its value.
@@ -271,12 +273,7 @@ def frame_tables(accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.Da
     def flat(frame: pd.DataFrame) -> pd.DataFrame:
         if not names:
             return frame.drop(columns="input")
-        values = frame["input"].tolist()
-        if isinstance(encode, InputCodec):  # a list per column, not a dict per row
-            by_name = encode.columns(values, names)
-        else:
-            encoded = [encode(value) for value in values]
-            by_name = {name: [row.get(name) if row else None for row in encoded] for name in names}
+        by_name = encode.columns(frame["input"].tolist(), names)  # a list per column, not a dict per row
         return frame.drop(columns="input").assign(**{renamed[name]: by_name[name] for name in names})
 
     accepted, rejected = flat(accepted), flat(rejected)

@@ -8,8 +8,13 @@ job, window, prompts, engine, validated = pickle.load(open("/tmp/acct/window.pkl
 struct, codec = frame_input_codec(window.items, window.columns, [])
 attempts = pd.concat([v.rows for v in validated], ignore_index=True)
 r = assemble(window.items, window.columns, window.rejected + prompts.built.rejected, latest_attempts(attempts), job.sampling)
-def old_encode(c):  # the codec as a plain function: frame_tables' row-by-row path
-    return lambda value: c(value)
+class old_encode:  # the previous way: each row's input encoded as a dict, then each column taken from the dicts
+    def __init__(self, codec):
+        self.codec = codec
+
+    def columns(self, values, names):
+        encoded = [self.codec(value) for value in values]
+        return {name: [row.get(name) if row else None for row in encoded] for name in names}
 new = frame_tables(r.accepted, r.rejected, attempts, (struct, codec), None)
 old = frame_tables(r.accepted, r.rejected, attempts, (struct, old_encode(codec)), None)
 for k in new: assert new[k].equals(old[k]) and new[k].schema.equals(old[k].schema, check_metadata=True), k
