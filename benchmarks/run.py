@@ -709,13 +709,14 @@ def first_results(timings: dict[str, float], body_started: float, called_at: flo
 
 
 # --flow-variants: settings of the flow compared on one engine, each beside the same raw call (settings, what it is)
-FLOW_VARIANTS: dict[str, tuple[dict[str, int], str]] = {
+FLOW_VARIANTS: dict[str, tuple[dict[str, int | bool], str]] = {
     "default": ({}, "the flow as it is"),
     "add_all": ({"add_per_step": 1_000_000}, "its engine stream adds a window's requests between two steps at once "
                                              "(batchgen.stream.ADD_PER_STEP otherwise)"),
     "held8": ({"windows_held_per_place": 8}, "it holds 8 windows per place, with retries or without"),
     "held1": ({"windows_held_per_place": 1}, "it holds 1 window per place"),
-    "full_to_end": ({"ramp_down": 0}, "its last windows full size, not ramped down (flows.batch_generation.RAMP_DOWN)"),
+    "full_to_end": ({"ramp_down": False}, "its last windows full size, not ramped down "
+                                          "(flows.batch_generation.RAMP_DOWN)"),
 }
 
 
@@ -740,7 +741,7 @@ def flow_variant(engine: Any, name: str) -> Iterator[None]:
     added = None
     try:
         if "ramp_down" in settings:
-            flow_module.RAMP_DOWN = bool(settings["ramp_down"])
+            flow_module.RAMP_DOWN = settings["ramp_down"]
         if "windows_held_per_place" in settings:
             flow_module.WINDOWS_HELD_PER_PLACE = flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES = \
                 settings["windows_held_per_place"]
