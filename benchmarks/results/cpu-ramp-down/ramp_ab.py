@@ -27,26 +27,20 @@ if os.environ.get("RETRIES", "0") != "1":
     job = job.model_copy(update={"retry": job.retry.model_copy(update={"max_passes": 0})})
 import flows.batch_generation as fb  # noqa: E402
 
-ramped = fb.item_windows
-
-
-def head_only(count, size, ramp=False):
-    """The windows with the first ones ramped up and full windows to the end (no ramp down: the flow's RAMP_DOWN off;
-    for 10,000 items in windows of 2,048 the same windows this script cut itself when these runs were made)."""
-    return ramped(count, size, ramp, ramp_down=False)
-
-
+# The runs recorded here were made when this script cut the full_to_end windows itself: for 10,000 items in windows
+# of 2,048 the same windows as the flow's RAMP_DOWN off (256, 512, 1,024, 3 x 1,642, 2 x 1,641).
 with prefect_test_harness(server_startup_timeout=120):
     fb.batch_generation(bench.bench_job(bench.write_products(work / "w.csv", 8), work / "ow", 16))
     for rep in range(reps):
         for way in (("ramp_down", "full_to_end") if rep % 2 == 0 else ("full_to_end", "ramp_down")):
-            fb.item_windows = ramped if way == "ramp_down" else head_only
+            fb.RAMP_DOWN = way == "ramp_down"  # full_to_end: the windows after the ramp up full to the end
             out = work / f"out-{rep}-{way}"
             started = time.perf_counter()
             manifest = fb.batch_generation(job.model_copy(update={"output": job.output.model_copy(
                 update={"dir": str(out)})}))
             wall = time.perf_counter() - started
-            windows = [stop - start for start, stop in fb.item_windows(manifest.counts.items, job.window_size, True)]
+            windows = [stop - start for start, stop in fb.item_windows(manifest.counts.items, job.window_size, True,
+                                                                       fb.RAMP_DOWN)]
             print(json.dumps({"way": way, "wall": round(wall, 2),
                               "after_last_output": round(started + wall - llm.llm_engine.last_output_at, 3),
                               "windows": windows, "items": manifest.counts.items,
