@@ -527,7 +527,8 @@ class RetrySpec(_Section):
         "grow",
         description="grow: regenerate with a bigger budget; continue: extend the cut-off text; "
         "continue_then_grow: extend it once, and draw a continuation cut off again afresh (with sampling.seed, "
-        "under a seed of its own).",
+        "under a seed of its own). An output constrained by sampling.json_schema, regex, choice or grammar is "
+        "retried by grow: vLLM would start the constraint over after the cut.",
     )
     growth_factor: float = Field(2.0, gt=1, description="Each pass's total budget is the last one times this.")
     max_tokens_cap: int = Field(1024, ge=1, description="No pass gets a total budget above this.")
@@ -632,6 +633,21 @@ class JobSpec(_Section):
                 and "temperature" not in self.sampling.overrides):
             raise ValueError(f"retry.on: {', '.join(sorted(resamples))} resamples at temperature 0, which repeats "
                              f"the same output; set retry.temperature_step above 0 (e.g. 0.3)")
+        return self
+
+    @model_validator(mode="after")
+    def _continue_unconstrained(self) -> JobSpec:
+        # vLLM's structured outputs constrain the generated tokens from the first, never the prompt: a
+        # continuation of cut-off constrained text would start the constraint over after the cut (a second JSON
+        # value inside the first), and every continued output would fail its own check.
+        structured = self.sampling.structured
+        if (structured is not None and self.retry.strategy in ("continue", "continue_then_grow")
+                and self.retry.max_passes > 0 and "truncated" in self.retry.on):
+            raise ValueError(
+                f"retry.strategy: {self.retry.strategy} cannot extend an output constrained by "
+                f"sampling.{structured[0]}: vLLM applies the constraint from the continuation's first token, so "
+                f"the text after the cut would start it over (a second JSON value inside the first); use "
+                f"retry.strategy: grow (a fresh draw with a bigger budget)")
         return self
 
     def fingerprint(self) -> str:

@@ -75,6 +75,13 @@ BAD_JOBS = [
                  id="bad-json-schema"),
     pytest.param(job_with(sampling={"json_schema": {"type": "object", "properties": {"text": {"type": "string"}}}}),
                  ["sampling.json_schema", "property 'text'", "rename"], id="json-field-shadows-column"),
+    # the example base job continues cut-off outputs; vLLM would start a constraint over after the cut
+    pytest.param(job_with(sampling={"json_schema": {"type": "object", "properties": {"title": {"type": "string"}}}}),
+                 ["retry.strategy: continue cannot extend an output constrained by sampling.json_schema",
+                  "retry.strategy: grow"], id="continue-structured"),
+    pytest.param(job_with(sampling={"regex": "[A-Z][a-z ]+"}, retry={"strategy": "continue_then_grow"}),
+                 ["retry.strategy: continue_then_grow cannot extend", "sampling.regex"],
+                 id="continue-then-grow-regex"),
     pytest.param(job_with(sampling={"overrides": {"top_p": "p"}}), ["sampling.overrides", "max_tokens"],
                  id="override-not-allowed"),
     pytest.param(job_with(sampling={"max_tokens": 0}), ["sampling.max_tokens", "greater than or equal to 1"],
@@ -234,6 +241,14 @@ def test_parse_overrides_names_a_value_that_is_not_yaml(pair, problem):
     with pytest.raises(JobError) as caught:
         parse_overrides(["sampling.max_tokens=8", pair])
     assert str(caught.value).startswith(f"override {pair!r}: the value is not valid YAML ({problem})")
+
+
+@pytest.mark.parametrize("retry", [{"strategy": "grow"}, {"max_passes": 0}, {"on": ["json_schema"]}],
+                         ids=["grow", "no-retries", "resampled-only"])
+def test_a_structured_output_is_retried_by_a_fresh_draw_or_not_continued(tmp_path, retry):
+    schema = {"type": "object", "properties": {"title": {"type": "string"}}}
+    job = job_from_dict(job_with(sampling={"json_schema": schema}, retry=retry), base_dir=tmp_path)
+    assert job.sampling.json_schema == schema
 
 
 def test_retry_on_defaults_to_cut_off_outputs_and_names_the_jobs_expectations(tmp_path):

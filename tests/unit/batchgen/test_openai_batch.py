@@ -165,6 +165,19 @@ def test_job_file_gives_expectations_and_retries_but_not_input(tmp_path: Path):
         ob.base_job(job, {})
 
 
+def test_a_job_that_continues_cut_off_outputs_refuses_the_group_of_structured_lines_only(tmp_path: Path):
+    job = tmp_path / "job.yaml"
+    job.write_text("expectations: {require_stop: true}\nretry: {max_passes: 2, strategy: continue}\n")
+    base = ob.base_job(job, {})
+    plain = [parse(chat_line("a", max_tokens=8))]
+    structured = [parse(chat_line("b", response_format={"type": "json_object"}))]
+    assert job_from_dict(ob.job_for_group(base, plain, tmp_path / "i.jsonl", tmp_path / "o")).retry.strategy == \
+        "continue"
+    with pytest.raises(JobError, match="retry.strategy: continue cannot extend an output constrained by "
+                                       "sampling.json_schema"):
+        job_from_dict(ob.job_for_group(base, structured, tmp_path / "s.jsonl", tmp_path / "so"))
+
+
 def test_served_names():
     assert ob.served_names(None, None) == {MODEL}
     assert ob.served_names("/models/Qwen3-0.6B/", None) == {"/models/Qwen3-0.6B/", "Qwen3-0.6B"}
