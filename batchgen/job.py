@@ -527,8 +527,8 @@ class RetrySpec(_Section):
         "grow",
         description="grow: regenerate with a bigger budget; continue: extend the cut-off text; "
         "continue_then_grow: extend it once, and draw a continuation cut off again afresh (with sampling.seed, "
-        "under a seed of its own). An output constrained by sampling.json_schema, regex, choice or grammar is "
-        "retried by grow: vLLM would start the constraint over after the cut.",
+        "under a seed of its own). With sampling.json_schema, regex, choice or grammar only grow: vLLM "
+        "would start the constraint over after the cut.",
     )
     growth_factor: float = Field(2.0, gt=1, description="Each pass's total budget is the last one times this.")
     max_tokens_cap: int = Field(1024, ge=1, description="No pass gets a total budget above this.")
