@@ -247,7 +247,7 @@ def starter_job(data_file: Path, job_path: Path, sample_rows: int = 200) -> str:
         _line("  require_stop: true", "an output cut off by max_tokens is retried, then rejected"),
         "retry:",
         _line("  max_passes: 2", "extra passes for outputs cut off by max_tokens"),
-        _line("  strategy: grow", "grow: regenerate with twice the budget; continue: extend the text"),
+        _line("  strategy: continue_then_grow", "extend cut-off text once, then regenerate; grow: regenerate"),
         "output:",
         _line(f"  dir: {_scalar(rel_output)}", "read the results from <dir>/current/"),
     ]

@@ -295,13 +295,14 @@ def render_markdown(result: dict[str, Any]) -> str:
         variants = with_retries.get("variants") or {}
         if len(variants) > 1:
             lines += ["The same job in one run, its retries made in several ways: in the generate task's stream "
-                      "(the default: each retry enters the engine ahead of the first attempts still waiting), in "
+                      "as the example job makes them (`in_stream`: each retry enters the engine ahead of the first "
+                      "attempts still waiting), the same by `grow` (`grow_in_stream`), in "
                       "retry passes after each window's validation (`retry.in_stream: false`), with "
                       "`retry.strategy: continue` and `continue_then_grow` in the stream, and in the stream but "
                       "behind the first attempts "
                       "still waiting (`in_stream_first_come`: every request at priority 0, as under vLLM's default "
-                      "policy); `in_stream_ahead` and `in_stream_no_ahead`: in the stream with `retry.ahead` on "
-                      "and off (off is the default); `to_cap_in_stream`: one retry straight to the cap "
+                      "policy); `in_stream_ahead` and `in_stream_no_ahead`: grow in the stream with `retry.ahead` on "
+                      "and off (off is the default); `to_cap_in_stream`: one grow retry straight to the cap "
                       "(80 -> 320 tokens instead of 80 -> 160 -> 320), `continue_to_cap_in_stream` the same by "
                       "`continue`; a name ending in `_2`: that way run again. "
                       + ("Each is compared with a raw call of its own, made right before or after it. "

@@ -781,17 +781,20 @@ def variant_ratios(pairs: list[dict[str, Any]], variants: list[str]) -> dict[str
     return result
 
 
-# The whole job with retries on: the example job's retry settings as they are (cut-off outputs retried in the
-# generate task's stream), then with each retry's own retry started ahead as a spare (retry.ahead), then without
-# it (the default since 2026-12-04, named for runs from before), then in retry passes after validation, then
-# `continue` and `continue_then_grow` in the stream; `to_cap_in_stream`: one retry straight to the example job's
-# cap (80 -> 320 tokens, where the example grows 80 -> 160 -> 320), so a chain cut off at the end of the run takes
-# 320 more steps instead of 160 + 320 (a fresh draw either way; the budget only caps it).
-RETRY_VARIANTS = {"in_stream": {}, "in_stream_ahead": {"ahead": True}, "in_stream_no_ahead": {"ahead": False},
+# The whole job with retries on: the example job's retry settings as they are (`continue_then_grow`, cut-off outputs
+# retried in the generate task's stream; `grow` before 2026-12-06), then `grow` (a fresh draw with twice the
+# budget), then grow with each retry's own retry started ahead as a spare (retry.ahead), then without it (the
+# default since 2026-12-04, named for runs from before), then in retry passes after validation, then `continue` and
+# `continue_then_grow` in the stream; `to_cap_in_stream`: one grow retry straight to the example job's cap (80 ->
+# 320 tokens, where grow doubles 80 -> 160 -> 320), so a chain cut off at the end of the run takes 320 more steps
+# instead of 160 + 320 (a fresh draw either way; the budget only caps it).
+RETRY_VARIANTS = {"in_stream": {}, "grow_in_stream": {"strategy": "grow"},
+                  "in_stream_ahead": {"strategy": "grow", "ahead": True},
+                  "in_stream_no_ahead": {"strategy": "grow", "ahead": False},
                   "passes": {"in_stream": False},
                   "continue_in_stream": {"strategy": "continue"},
                   "continue_then_grow_in_stream": {"strategy": "continue_then_grow"}, "in_stream_first_come": {},
-                  "to_cap_in_stream": {"growth_factor": 4, "max_passes": 1},
+                  "to_cap_in_stream": {"strategy": "grow", "growth_factor": 4, "max_passes": 1},
                   "continue_to_cap_in_stream": {"strategy": "continue", "growth_factor": 4, "max_passes": 1}}
 # Variants whose retries join the engine's queue behind the first attempts still waiting (priority 0 for every
 # attempt, as under vLLM's default first-come-first-served policy) instead of ahead of them: the same engine, so
@@ -813,7 +816,7 @@ def retries_first_come(on: bool) -> Iterator[None]:
 
 
 def example_retry() -> dict[str, Any]:
-    """The example job's retry section, as its file has it (cut-off outputs grown in the stream, two passes)."""
+    """The example job's retry section, as its file has it (cut-off outputs retried in the stream, two passes)."""
     import yaml
 
     return yaml.safe_load(JOB_FILE.read_text(encoding="utf-8"))["retry"]

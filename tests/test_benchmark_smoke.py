@@ -81,8 +81,10 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     assert list(jobs) == ["in_stream", "continue_in_stream", "in_stream_2", "to_cap_in_stream"]  # run again
     assert [v["raw_first_pass_order"] for v in jobs.values()] == ["raw, then the job", "the job, then raw",
                                                                   "raw, then the job", "the job, then raw"]
-    # one retry straight to the example job's cap: its own settings over the example's
-    assert jobs["to_cap_in_stream"]["retry"] == {**jobs["in_stream"]["retry"], "growth_factor": 4, "max_passes": 1}
+    # the example job's own retries first; one grow retry straight to its cap: those settings over the example's
+    assert jobs["in_stream"]["retry"]["strategy"] == "continue_then_grow"
+    assert jobs["to_cap_in_stream"]["retry"] == {**jobs["in_stream"]["retry"], "strategy": "grow", "growth_factor": 4,
+                                                 "max_passes": 1}
     for v in jobs.values():
         assert v["around_engine"]["after_last_output"] > 0  # each generated anew (its own output folder)
         assert v["engine_feed"]["steps"] > 0
