@@ -644,7 +644,7 @@ class JobSpec(_Section):
         if (structured is not None and self.retry.strategy in ("continue", "continue_then_grow")
                 and self.retry.max_passes > 0 and "truncated" in self.retry.on):
             raise ValueError(
-                f"retry.strategy: {self.retry.strategy} cannot extend an output constrained by "
+                f"{AT}retry.strategy: {self.retry.strategy} cannot extend an output constrained by "
                 f"sampling.{structured[0]}: vLLM applies the constraint from the continuation's first token, so "
                 f"the text after the cut would start it over (a second JSON value inside the first); use "
                 f"retry.strategy: grow (a fresh draw with a bigger budget)")
