@@ -531,7 +531,8 @@ class RetrySpec(_Section):
         "would start the constraint over after the cut.",
     )
     growth_factor: float = Field(2.0, gt=1, description="Each pass's total budget is the last one times this.")
-    max_tokens_cap: int = Field(1024, ge=1, description="No pass gets a total budget above this.")
+    max_tokens_cap: int = Field(1024, ge=1, description="No pass gets a total budget above this; above "
+                                "sampling.max_tokens while cut-off outputs are retried (else none could grow).")
     in_stream: bool = Field(
         True,
         description="Cut-off outputs go back into the engine as soon as they are committed, beside the first "
@@ -648,6 +649,19 @@ class JobSpec(_Section):
                 f"sampling.{structured[0]}: vLLM applies the constraint from the continuation's first token, so "
                 f"the text after the cut would start it over (a second JSON value inside the first); use "
                 f"retry.strategy: grow (a fresh draw with a bigger budget)")
+        return self
+
+    @model_validator(mode="after")
+    def _cut_off_outputs_can_grow(self) -> JobSpec:
+        # a budget that cannot grow gives a cut-off output no retry at all (batchgen.retry.grow_request): it would be
+        # rejected as truncated while the job says it is retried
+        budget, cap = self.sampling.max_tokens, self.retry.max_tokens_cap
+        if self.retry.max_passes > 0 and "truncated" in self.retry.on and cap <= budget:
+            raise ValueError(
+                f"{AT}retry.max_tokens_cap: {cap} is not above sampling.max_tokens {budget}, so an output cut off by "
+                f"max_tokens could not get a bigger budget and would be rejected without a retry; raise "
+                f"retry.max_tokens_cap (e.g. {budget * 4}), or set retry.max_passes: 0 to reject cut-off outputs "
+                f"as they are")
         return self
 
     def fingerprint(self) -> str:

@@ -82,6 +82,10 @@ BAD_JOBS = [
     pytest.param(job_with(sampling={"regex": "[A-Z][a-z ]+"}, retry={"strategy": "continue_then_grow"}),
                  ["retry.strategy: continue_then_grow cannot extend", "sampling.regex"],
                  id="continue-then-grow-regex"),
+    # max_tokens raised past the cap (1024 unless set): cut-off outputs would be rejected, never retried
+    pytest.param(job_with(sampling={"max_tokens": 2048}, retry={"max_tokens_cap": None}),
+                 ["retry.max_tokens_cap: 1024 is not above sampling.max_tokens 2048", "e.g. 8192",
+                  "retry.max_passes: 0"], id="budget-cannot-grow"),
     pytest.param(job_with(sampling={"overrides": {"top_p": "p"}}), ["sampling.overrides", "max_tokens"],
                  id="override-not-allowed"),
     pytest.param(job_with(sampling={"max_tokens": 0}), ["sampling.max_tokens", "greater than or equal to 1"],
@@ -241,6 +245,15 @@ def test_parse_overrides_names_a_value_that_is_not_yaml(pair, problem):
     with pytest.raises(JobError) as caught:
         parse_overrides(["sampling.max_tokens=8", pair])
     assert str(caught.value).startswith(f"override {pair!r}: the value is not valid YAML ({problem})")
+
+
+@pytest.mark.parametrize("changes", [{"retry": {"max_passes": 0}}, {"retry": {"on": ["keyword"]}},
+                                     {"sampling": {"max_tokens": 319}}], ids=["no-retries", "resampled-only", "below"])
+def test_a_first_budget_at_the_cap_is_valid_where_cut_off_outputs_are_not_grown(tmp_path, changes):
+    base = {"sampling": {"max_tokens": 320}, "retry": {"max_tokens_cap": 320}}
+    data = job_with(**{section: {**base.get(section, {}), **values} for section, values in
+                       {**base, **changes}.items()})
+    assert job_from_dict(data, base_dir=tmp_path).retry.max_tokens_cap == 320
 
 
 @pytest.mark.parametrize("retry", [{"strategy": "grow"}, {"max_passes": 0}, {"on": ["json_schema"]}],
