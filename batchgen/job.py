@@ -654,9 +654,11 @@ class JobSpec(_Section):
     @model_validator(mode="after")
     def _cut_off_outputs_can_grow(self) -> JobSpec:
         # a budget that cannot grow gives a cut-off output no retry at all (batchgen.retry.grow_request): it would be
-        # rejected as truncated while the job says it is retried
+        # rejected as truncated while the job says it is retried. Rows with budgets of their own (a max_tokens
+        # column, as run-batch's lines have) are not the job's setting.
         budget, cap = self.sampling.max_tokens, self.retry.max_tokens_cap
-        if self.retry.max_passes > 0 and "truncated" in self.retry.on and cap <= budget:
+        if (self.retry.max_passes > 0 and "truncated" in self.retry.on and cap <= budget
+                and "max_tokens" not in self.sampling.overrides):
             raise ValueError(
                 f"{AT}retry.max_tokens_cap: {cap} is not above sampling.max_tokens {budget}, so an output cut off by "
                 f"max_tokens could not get a bigger budget and would be rejected without a retry; raise "

@@ -316,14 +316,16 @@ DEFAULT_JOB: dict[str, Any] = {"expectations": {"require_stop": False}, "retry":
                                "sampling": {"max_tokens": 256}}
 
 
+LINE_OVERRIDES = {"max_tokens": MAX_TOKENS, "temperature": TEMPERATURE}  # a line's own budget and temperature
+
+
 def job_for_group(base: dict[str, Any], requests: list[BatchRequest], items_path: Path,
                   out_dir: Path) -> dict[str, Any]:
     """The batch-generation job of one group: the base job (--job, engine flags), the group's settings and items."""
     first = requests[0]
     prompt = ({"style": "chat", "messages_column": MESSAGES} if first.url == CHAT
               else {"style": "completion", "template": "{{ " + PROMPT + " }}"})
-    sampling = {**base.get("sampling", {}), **first.sampling,
-                "overrides": {"max_tokens": MAX_TOKENS, "temperature": TEMPERATURE}}
+    sampling = {**base.get("sampling", {}), **first.sampling, "overrides": LINE_OVERRIDES}
     return {**base, "name": f"{base.get('name', 'openai-batch')}-{group_name(first)}",
             "input": {"path": str(items_path), "format": "jsonl", "id_column": ID},
             "prompt": prompt, "sampling": sampling, "output": {"dir": str(out_dir), "jsonl": False}}
@@ -526,9 +528,11 @@ def base_job(job_file: Path | None, engine: dict[str, Any]) -> dict[str, Any]:
     base = {**DEFAULT_JOB, **data}
     base["sampling"] = {**DEFAULT_JOB["sampling"], **(data.get("sampling") or {})}
     base["engine"] = {**(data.get("engine") or {}), **{k: v for k, v in engine.items() if v is not None}}
-    # every section but the batch's own, checked once with stand-ins for input, prompt and output
+    # every section but the batch's own, checked once with stand-ins for input, prompt and output, and the per-line
+    # budgets and temperatures every group's job has (job_for_group)
     job_from_dict({**base, "input": {"path": "requests.jsonl"}, "prompt": {"template": "x"},
-                   "output": {"dir": "out"}}, base_dir=job_file.parent.resolve() if job_file else None, source=source)
+                   "output": {"dir": "out"}, "sampling": {**base["sampling"], "overrides": LINE_OVERRIDES}},
+                  base_dir=job_file.parent.resolve() if job_file else None, source=source)
     return base
 
 

@@ -248,7 +248,9 @@ def test_parse_overrides_names_a_value_that_is_not_yaml(pair, problem):
 
 
 @pytest.mark.parametrize("changes", [{"retry": {"max_passes": 0}}, {"retry": {"on": ["keyword"]}},
-                                     {"sampling": {"max_tokens": 319}}], ids=["no-retries", "resampled-only", "below"])
+                                     {"sampling": {"max_tokens": 319}},
+                                     {"sampling": {"overrides": {"max_tokens": "budget"}}}],
+                         ids=["no-retries", "resampled-only", "below", "budgets-per-row"])
 def test_a_first_budget_at_the_cap_is_valid_where_cut_off_outputs_are_not_grown(tmp_path, changes):
     base = {"sampling": {"max_tokens": 320}, "retry": {"max_tokens_cap": 320}}
     data = job_with(**{section: {**base.get(section, {}), **values} for section, values in

@@ -178,6 +178,16 @@ def test_a_job_that_continues_cut_off_outputs_refuses_the_group_of_structured_li
         job_from_dict(ob.job_for_group(base, structured, tmp_path / "s.jsonl", tmp_path / "so"))
 
 
+def test_lines_budgets_are_their_own_so_a_job_cap_below_the_default_budget_is_valid(tmp_path: Path):
+    job = tmp_path / "job.yaml"
+    job.write_text("expectations: {require_stop: true}\nretry: {max_passes: 1, max_tokens_cap: 64}\n")
+    base = ob.base_job(job, {})
+    assert base["sampling"]["max_tokens"] > 64  # a line without max_tokens gets this one, and cannot grow
+    spec = job_from_dict(ob.job_for_group(base, [parse(chat_line("a", max_tokens=8))], tmp_path / "i.jsonl",
+                                          tmp_path / "o"))
+    assert spec.retry.max_tokens_cap == 64 and spec.sampling.overrides["max_tokens"] == ob.MAX_TOKENS
+
+
 def test_served_names():
     assert ob.served_names(None, None) == {MODEL}
     assert ob.served_names("/models/Qwen3-0.6B/", None) == {"/models/Qwen3-0.6B/", "Qwen3-0.6B"}
