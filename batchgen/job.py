@@ -606,7 +606,7 @@ class JobSpec(_Section):
         reserved = set(ACCEPTED_FIELDS) | set(OPTIONAL_RESULT_SCHEMA.names)
         for name in (self.sampling.json_schema or {}).get("properties", {}):
             if name in reserved:
-                raise ValueError(f"sampling.json_schema: property {name!r} would be published as a column, but "
+                raise ValueError(f"{AT}sampling.json_schema: property {name!r} would be published as a column, but "
                                  f"results already have a column {name!r}; rename the property")
         return self
 
@@ -624,15 +624,15 @@ class JobSpec(_Section):
         for name in self.retry.on:
             covered = RETRY_ALIASES.get(name, (name,))
             if not known.intersection(covered):
-                raise ValueError(f"retry.on: {name!r} is not an expectation of this job; it has "
+                raise ValueError(f"{AT}retry.on: {name!r} is not an expectation of this job; it has "
                                  f"{', '.join(sorted(known))}")
         resamples = set(self.retry.on) - {"truncated"}
         if resamples and self.sampling.use_beam_search:
-            raise ValueError(f"retry.on: {', '.join(sorted(resamples))} would resample, but beam search is "
+            raise ValueError(f"{AT}retry.on: {', '.join(sorted(resamples))} would resample, but beam search is "
                              f"deterministic; with use_beam_search only truncated is retried")
         if (resamples and self.sampling.temperature == 0 and self.retry.temperature_step <= 0
                 and "temperature" not in self.sampling.overrides):
-            raise ValueError(f"retry.on: {', '.join(sorted(resamples))} resamples at temperature 0, which repeats "
+            raise ValueError(f"{AT}retry.on: {', '.join(sorted(resamples))} resamples at temperature 0, which repeats "
                              f"the same output; set retry.temperature_step above 0 (e.g. 0.3)")
         return self
 
