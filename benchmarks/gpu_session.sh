@@ -47,7 +47,7 @@
 #              place), on one engine, into $RES/variants80: which feeding, if any, closes the flow's gap to raw at 80
 #              tokens; 445 s with a cold compile cache at the defaults (each run ~30 s), a call of its own;
 #              VARIANTS=add_all REPEATS=3 fits the same time; VARIANTS=full_to_end: the last windows full size,
-#              not ramped down (5-19% slower on an H100: benchmarks/results/gpu-h100/lease-2026-12-06b/); with a
+#              not ramped down (5-24% longer on an H100: benchmarks/results/gpu-h100/lease-2026-12-06b/); with a
 #              cold compile cache REPEATS=3 needs a call of its own (343 s warm)
 #   here       the same comparison at 80 and 16 tokens (HF, the loop and the retry runs on a few items only) with
 #              vLLM's front end in the run's process (--front-end here), into $RES/front-end-here: the pair of `run`
