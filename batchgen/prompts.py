@@ -398,7 +398,8 @@ def build_prompts(
 ) -> BuiltPrompts:
     """Render, template and tokenize every item's prompt; reject the rows that cannot be prompted.
 
-    Rows are rejected with a reason, in this order of checks: wrong_type, missing_field,
+    Rows are rejected with a reason, in this order of checks: wrong_type, missing_field (a template field, then
+    the keyword column),
     template_error (the user's template failed on the row's values) or invalid_messages,
     empty_prompt, template_error (the model's chat template refused the conversation),
     prompt_too_long. Templates are compiled once, the chat template is applied to a batch of
@@ -418,6 +419,11 @@ def build_prompts(
         blank = [name for name in fields if is_blank(values.get(name))]
         if blank:
             _reject(rejected, item_id, number, "missing_field", f"{', '.join(blank)} is empty", values)
+            continue
+        if keyword_column is not None and is_blank(values.get(keyword_column)):
+            # no keyword to look for: the output could only fail the keyword expectation, whatever it said
+            _reject(rejected, item_id, number, "missing_field",
+                    f"{keyword_column} (expectations.keyword_column) is empty: no keyword to look for", values)
             continue
         try:
             rendered = renderer.render(values)

@@ -48,6 +48,9 @@ def reference_build_prompts(items: pd.DataFrame, spec: PromptSpec, tokenizer: An
         if blank:
             reject("missing_field", f"{', '.join(blank)} is empty")
             continue
+        if keyword_column is not None and is_blank(values.get(keyword_column)):
+            reject("missing_field", f"{keyword_column} (expectations.keyword_column) is empty: no keyword to look for")
+            continue
         try:
             if spec.messages_column is not None:
                 rendered = conversation(values[spec.messages_column], spec.messages_column)

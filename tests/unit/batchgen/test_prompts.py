@@ -92,6 +92,24 @@ def test_blank_template_field_is_rejected_as_missing_field(tokenizer, blank):
     assert rejection.input["name"] == "Boots"
 
 
+@pytest.mark.parametrize("blank", [None, "", "  "])
+def test_blank_keyword_is_rejected_as_missing_field_naming_the_keyword_column(tokenizer, blank):
+    # the keyword expectation could only fail such an item: rejected before its prompt reaches the engine
+    items = make_items([{"id": "p1", "name": "Mug", "feature": "hot"},
+                        {"id": "p2", "name": blank, "feature": "cold"}])
+
+    built = build_prompts(items, PromptSpec(template="Describe something {{ feature }}"), tokenizer, 2048, COLUMNS,
+                          keyword_column="name")
+
+    assert list(built.prompts["item_id"]) == ["p1"]
+    [rejection] = built.rejected
+    assert (rejection.item_id, rejection.reasons, rejection.row_number) == ("p2", ["missing_field"], 3)
+    assert "name (expectations.keyword_column) is empty" in rejection.detail
+    keyword_unset = build_prompts(items, PromptSpec(template="Describe something {{ feature }}"), tokenizer, 2048,
+                                  COLUMNS)
+    assert keyword_unset.rejected == [] and list(keyword_unset.prompts["item_id"]) == ["p1", "p2"]
+
+
 def test_blank_column_the_template_does_not_use_is_fine(tokenizer):
     items = make_items([{"id": "p1", "name": "Mug", "feature": None}])
     built = build_prompts(items, PromptSpec(template="Describe {{ name }}"), tokenizer, 2048, COLUMNS)
