@@ -33,7 +33,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -257,10 +257,9 @@ def new_publication_id(now: datetime | None = None) -> str:
 
 
 def frame_tables(accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.DataFrame,
-                 codec: tuple[pa.DataType, InputCodec | Callable[[Any], Any]],
+                 codec: tuple[pa.DataType, InputCodec],
                  id_column: str | None = None) -> dict[str, pa.Table]:
-    """The published tables from assembled frames, the inputs encoded with `codec` (`frame_input_codec`: its
-    InputCodec where the inputs have columns).
+    """The published tables from assembled frames, the inputs encoded with `codec` (`frame_input_codec`).
 
     Each input column becomes a column of its own (`published_input_names`: an input column named like one of
     batchgen's gets the prefix `input_`); the id column is not repeated, `item_id` holds its value.
@@ -566,7 +565,7 @@ class Publication:
             self.discard()
 
     def add_window(self, index: int, accepted: pd.DataFrame, rejected: pd.DataFrame, attempts: pd.DataFrame,
-                   inputs: tuple[pa.DataType, Callable[[Any], Any]], totals: RunTotals) -> None:
+                   inputs: tuple[pa.DataType, InputCodec], totals: RunTotals) -> None:
         """Write one window's rows (assembled frames; their inputs encoded with `inputs`, the same for every window:
         schema.frame_input_codec) as its piece of each table, and add its totals to the run's."""
         tables = frame_tables(accepted, rejected, attempts, inputs, self.id_column)

@@ -13,7 +13,7 @@ from batchgen.records import ACCEPTED_BASE_SCHEMA, OPTIONAL_RESULT_SCHEMA, REJEC
 
 
 def frame_input_codec(items: Any, columns: list[str], more: list[dict[str, Any] | None]) -> tuple[
-        pa.DataType, Callable[[Any], Any]]:
+        pa.DataType, InputCodec]:
     """The struct type of the input columns of an items table (`columns` of every row) and of a few more rows
     (rejections: dicts), read column by column, and how to encode one row's input for it.
 
@@ -31,9 +31,9 @@ def frame_input_codec(items: Any, columns: list[str], more: list[dict[str, Any] 
     return _codec(names, values)
 
 
-def _codec(names: list[str], values: Callable[[str], list[Any]]) -> tuple[pa.DataType, Callable[[Any], Any]]:
-    if not names:
-        return pa.string(), lambda value: None if value is None else json.dumps(value, ensure_ascii=False, default=str)
+def _codec(names: list[str], values: Callable[[str], list[Any]]) -> tuple[pa.DataType, InputCodec]:
+    if not names:  # no input columns: nothing is encoded (frame_tables adds none)
+        return pa.string(), InputCodec([], frozenset())
     fields, as_json = [], set()
     for name in names:
         try:

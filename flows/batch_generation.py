@@ -296,10 +296,10 @@ def split_windows(spec: JobSpec, loaded: LoadedItems) -> list[Window]:
 
 
 RAMP = 256  # the first and last windows' size when windows overlap (see item_windows)
-# Whether the last windows shrink as the first ones grow (item_windows' ramp_down). On a stand-in engine that batches
-# like vLLM it made no difference to what follows the engine's last output (benchmarks/results/cpu-ramp-down/); on
-# an H100 the three small last windows ended within 0.4 s of each other. `benchmarks.run --flow-variants
-# full_to_end` runs the flow without it beside the flow with it.
+# Whether the last windows shrink as the first ones grow (item_windows' ramp_down). On an H100 the flow without it
+# took 5-24% longer in three repeats, its engine stepping slower while full last windows were built and staged
+# (benchmarks/results/gpu-h100/lease-2026-12-06b/; alike on the CPU's stand-in engine: cpu-ramp-down/).
+# `benchmarks.run --flow-variants full_to_end` runs the flow without it beside the flow with it.
 RAMP_DOWN = True
 
 
