@@ -505,6 +505,8 @@ class ExpectationsSpec(_Section):
         return ids + [entry.name for entry in self.gx]
 
 
+CONTINUES = ("continue", "continue_then_grow")  # the retry strategies that continue cut-off text
+
 # Failures retry.on may name beside the expectations' own ids: `regex` stands for every regex expectation.
 RETRY_ALIASES = {"regex": ("must_match", "must_not_match", "regex")}
 
@@ -547,6 +549,11 @@ class RetrySpec(_Section):
         "time, not the sum of its attempts'. Off by default: on an H200 the whole job took longer with it "
         "(docs/generation.md).",
     )
+
+    @property
+    def grows_cut_off(self) -> bool:
+        """Whether an output cut off by max_tokens gets another attempt (`truncated` in `on`, passes left)."""
+        return self.max_passes > 0 and "truncated" in self.on
 
 
 class OutputSpec(_Section):
@@ -642,8 +649,7 @@ class JobSpec(_Section):
         # continuation of cut-off constrained text would start the constraint over after the cut (a second JSON
         # value inside the first), and every continued output would fail its own check.
         structured = self.sampling.structured
-        if (structured is not None and self.retry.strategy in ("continue", "continue_then_grow")
-                and self.retry.max_passes > 0 and "truncated" in self.retry.on):
+        if structured is not None and self.retry.strategy in CONTINUES and self.retry.grows_cut_off:
             raise ValueError(
                 f"{AT}retry.strategy: {self.retry.strategy} cannot extend an output constrained by "
                 f"sampling.{structured[0]}: vLLM applies the constraint from the continuation's first token, so "
@@ -657,8 +663,7 @@ class JobSpec(_Section):
         # rejected as truncated while the job says it is retried. Rows with budgets of their own (a max_tokens
         # column, as run-batch's lines have) are not the job's setting.
         budget, cap = self.sampling.max_tokens, self.retry.max_tokens_cap
-        if (self.retry.max_passes > 0 and "truncated" in self.retry.on and cap <= budget
-                and "max_tokens" not in self.sampling.overrides):
+        if self.retry.grows_cut_off and cap <= budget and "max_tokens" not in self.sampling.overrides:
             raise ValueError(
                 f"{AT}retry.max_tokens_cap: {cap} is not above sampling.max_tokens {budget}, so an output cut off by "
                 f"max_tokens could not get a bigger budget and would be rejected without a retry; raise "

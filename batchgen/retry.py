@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchgen.records import GenRequest
-from batchgen.job import RETRY_ALIASES, JobSpec, RetrySpec
+from batchgen.job import CONTINUES, RETRY_ALIASES, JobSpec, RetrySpec
 
 
 def latest_attempts(attempts: pd.DataFrame) -> pd.DataFrame:
@@ -54,9 +54,6 @@ def latest_attempts(attempts: pd.DataFrame) -> pd.DataFrame:
     same_as_next[:-1] = (pc.equal(items[:-1], items[1:]).to_numpy(zero_copy_only=False)
                          & (candidates[:-1] == candidates[1:]))
     return attempts.iloc[order[~same_as_next]].reset_index(drop=True)
-
-
-CONTINUES = ("continue", "continue_then_grow")  # the strategies that continue cut-off text
 
 
 def next_strategy(row: object, retry: RetrySpec) -> str:
@@ -171,7 +168,7 @@ def stream_retry(retry: RetrySpec, max_model_len: int,
     """The follow-up of an attempt in the generate task's stream (batchgen.generation.run_requests): a cut-off
     output grown (or continued) while it has attempts left and its budget can grow; None when the job does not
     retry cut-off outputs in the stream. `seam` as in grow_request."""
-    if not retry.in_stream or retry.max_passes == 0 or "truncated" not in retry_on(retry):
+    if not retry.in_stream or not retry.grows_cut_off:
         return None
 
     def follow_up(row: object) -> GenRequest | None:
