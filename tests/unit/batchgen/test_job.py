@@ -252,9 +252,9 @@ def test_parse_overrides_names_a_value_that_is_not_yaml(pair, problem):
                                      {"sampling": {"overrides": {"max_tokens": "budget"}}}],
                          ids=["no-retries", "resampled-only", "below", "budgets-per-row"])
 def test_a_first_budget_at_the_cap_is_valid_where_cut_off_outputs_are_not_grown(tmp_path, changes):
-    base = {"sampling": {"max_tokens": 320}, "retry": {"max_tokens_cap": 320}}
-    data = job_with(**{section: {**base.get(section, {}), **values} for section, values in
-                       {**base, **changes}.items()})
+    data = job_with(sampling={"max_tokens": 320}, retry={"max_tokens_cap": 320})
+    for section, values in changes.items():
+        data[section].update(values)
     assert job_from_dict(data, base_dir=tmp_path).retry.max_tokens_cap == 320
 
 
