@@ -543,11 +543,11 @@ class RetrySpec(_Section):
     )
     ahead: bool = Field(
         False,
-        description="With grow in the stream: a cut-off output's retry also starts the attempt after it (the one "
-        "it gets if the retry is cut off too) while the engine has room, and drops it if the retry is not cut "
-        "off. The same attempts and outputs; a chain of cut-offs at the end of a run takes its longest attempt's "
-        "time, not the sum of its attempts'. Off by default: on an H200 the whole job took longer with it "
-        "(docs/generation.md).",
+        description="With grow or continue_then_grow in the stream: a cut-off output's retry also starts the "
+        "attempt after it (the one it gets if the retry is cut off too: a draw afresh) while the engine has "
+        "room, and drops it if the retry is not cut off. The same attempts and outputs; a chain of cut-offs at "
+        "the end of a run takes its longest attempt's time, not the sum of its attempts'. Off by default "
+        "(docs/generation.md says what it measured); continue has nothing to start ahead.",
     )
 
     @property

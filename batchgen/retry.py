@@ -177,15 +177,17 @@ def stream_retry(retry: RetrySpec, max_model_len: int,
         return grow_request(row, retry, max_model_len, seam)
 
     def ahead(request: GenRequest) -> GenRequest | None:
-        """The follow-up `request` will have if its output is cut off (grow only: a continuation needs the
-        output), so that it can start before that is known (run_requests' spare requests)."""
-        return follow_up(SimpleNamespace(
+        """The follow-up `request` will have if its output is cut off, so that it can start before that is known
+        (run_requests' spare requests): a draw afresh (`grow`, or `continue_then_grow` after a continuation),
+        never a continuation, which needs the output it continues."""
+        row = SimpleNamespace(
             finish_reason="length", item_id=request.item_id, prompt=request.prompt,
             prompt_token_ids=request.prompt_token_ids, n_prompt_tokens=len(request.prompt_token_ids),
             max_tokens=request.max_tokens, attempt=request.attempt, candidate=request.candidate,
-            temperature=request.temperature, lora=request.lora))
+            temperature=request.temperature, lora=request.lora, strategy=request.strategy)
+        return follow_up(row) if next_strategy(row, retry) == "grow" else None
 
-    follow_up.ahead = ahead if retry.strategy == "grow" and retry.ahead else None  # type: ignore[attr-defined]
+    follow_up.ahead = ahead if retry.ahead and retry.strategy != "continue" else None  # type: ignore[attr-defined]
     return follow_up
 
 

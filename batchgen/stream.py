@@ -161,10 +161,23 @@ def _capacity(engine: Any) -> int | None:
     return value if isinstance(value, int) else None
 
 
+def count_step(by_held: dict[int, list[float]], held: int, seconds: float) -> None:
+    """Count an engine step of `seconds` taken with `held` requests in the engine, by powers of two: key k holds
+    the steps with k to 2k - 1 requests, [steps, seconds] (how the engine's pace goes with its occupancy)."""
+    key = 1 << (max(held, 1).bit_length() - 1)
+    counted = by_held.setdefault(key, [0, 0.0])
+    counted[0] += 1
+    counted[1] += seconds
+
+
 def feed_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """What EngineStream.feed() counted between two readings, with the time-weighted requests in the engine and
     the share of the stepping time it was full."""
     delta = {key: after[key] - before[key] for key in ("steps", "busy_seconds", "full_seconds", "request_seconds")}
+    earlier = before.get("by_held", {})
+    delta["by_held"] = {key: [steps - earlier.get(key, [0, 0.0])[0], seconds - earlier.get(key, [0, 0.0])[1]]
+                        for key, (steps, seconds) in after.get("by_held", {}).items()
+                        if steps > earlier.get(key, [0, 0.0])[0]}
     busy = delta["busy_seconds"]
     delta["capacity"] = after["capacity"]
     delta["mean_requests"] = delta["request_seconds"] / busy if busy > 0 else None
@@ -194,13 +207,16 @@ class EngineStream:
         self.capacity = _capacity(engine)
         self.full_seconds = 0.0
         self.request_seconds = 0.0
+        self.by_held: dict[int, list[float]] = {}  # steps and their seconds by requests in the engine (count_step)
 
     def feed(self) -> dict[str, Any]:
         """The engine's feeding so far (counters: subtract two readings for a stretch of time): steps, seconds
         stepping, seconds stepping with at least `capacity` requests in the engine (running and waiting), and
-        request-seconds (their time-weighted count is request_seconds / busy_seconds)."""
+        request-seconds (their time-weighted count is request_seconds / busy_seconds); `by_held`: the steps and
+        their seconds by how many requests the engine held (count_step)."""
         return {"steps": self.steps, "busy_seconds": self.busy_seconds, "full_seconds": self.full_seconds,
-                "request_seconds": self.request_seconds, "capacity": self.capacity}
+                "request_seconds": self.request_seconds, "capacity": self.capacity,
+                "by_held": {key: list(counted) for key, counted in self.by_held.items()}}
 
     # ---------------------------------------------------------------- submitters' side
 
@@ -318,6 +334,7 @@ class EngineStream:
                 if self.capacity is not None and held >= self.capacity:
                     self.full_seconds += seconds
                 self.steps += 1
+                count_step(self.by_held, held, seconds)
                 self._route(outputs)
 
     def _handle(self, message: _Message) -> bool:

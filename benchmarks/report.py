@@ -45,6 +45,27 @@ def feed_sentence(feed: dict[str, Any] | None, generate_seconds: float) -> str:
     return text + "."
 
 
+def steps_below(pace: dict[str, dict[str, float]] | None, capacity: int | None) -> dict[str, Any] | None:
+    """Of a step_pace (benchmarks.run), the steps taken with fewer requests than the engine runs at once (the ends
+    of a run: its start, the drain, chains of retries), their seconds and ms a step (by powers of two: exact where
+    max_num_seqs is one)."""
+    if not pace or not capacity:
+        return None
+    below = [counted for key, counted in pace.items() if int(key) * 2 <= capacity]
+    steps, seconds = sum(c["steps"] for c in below), sum(c["seconds"] for c in below)
+    return {"steps": steps, "seconds": round(seconds, 3),
+            "ms_per_step": round(1000 * seconds / steps, 2) if steps else None}
+
+
+def not_full(flow: dict[str, Any] | None, raw: dict[str, Any] | None, capacity: int | None) -> str:
+    """The steps taken below max_num_seqs (steps_below), the flow's and raw's: "n, s, ms (raw's)"."""
+    def text(pace: dict[str, Any] | None) -> str:
+        below = steps_below(pace, capacity)
+        return "n/a" if below is None else f"{below['steps']:,}, {below['seconds']:.1f}, {_num(below['ms_per_step'])}"
+
+    return f"{text(flow)} ({text(raw)})"
+
+
 def raw_steps_sentence(raw: dict[str, Any], flow_tokens: int, feed: dict[str, Any] | None) -> str:
     """Raw vLLM's engine steps beside the flow's (its stream's feed counters): seconds and output tokens per step."""
     if not raw.get("engine_steps") or not feed or not feed.get("steps"):
@@ -53,7 +74,17 @@ def raw_steps_sentence(raw: dict[str, Any], flow_tokens: int, feed: dict[str, An
             f"{1000 * raw['engine_step_seconds'] / raw['engine_steps']:.1f} ms and "
             f"{raw['output_tokens'] / raw['engine_steps']:,.0f} output tokens per step, against "
             f"{1000 * feed['busy_seconds'] / feed['steps']:.1f} ms and {flow_tokens / feed['steps']:,.0f} in the "
-            "flow.")
+            "flow." + not_full_sentence(feed, raw))
+
+
+def not_full_sentence(feed: dict[str, Any], raw: dict[str, Any]) -> str:
+    flow_below = steps_below(feed.get("by_held"), feed.get("capacity"))
+    raw_below = steps_below(raw.get("engine_steps_by_held"), feed.get("capacity"))
+    if flow_below is None or raw_below is None or not flow_below["steps"] or not raw_below["steps"]:
+        return ""
+    return (f" With fewer requests than max_num_seqs in the engine (its start and drain) the flow stepped "
+            f"{flow_below['steps']:,} times at {flow_below['ms_per_step']:.1f} ms, raw {raw_below['steps']:,} times "
+            f"at {raw_below['ms_per_step']:.1f} ms.")
 
 
 def _num(value: Any, digits: int = 1) -> str:
@@ -296,7 +327,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         if len(variants) > 1:
             lines += ["The same job in one run, its retries made in several ways: in the generate task's stream "
                       "as the example job makes them (`in_stream`: each retry enters the engine ahead of the first "
-                      "attempts still waiting), the same by `grow` (`grow_in_stream`), in "
+                      "attempts still waiting), the same with `retry.ahead` "
+                      "(`continue_then_grow_ahead_in_stream`: a continuation's draw afresh started beside it), the "
+                      "same by `grow` (`grow_in_stream`), in "
                       "retry passes after each window's validation (`retry.in_stream: false`), with "
                       "`retry.strategy: continue` and `continue_then_grow` in the stream, and in the stream but "
                       "behind the first attempts "
@@ -308,11 +341,13 @@ def render_markdown(result: dict[str, Any]) -> str:
                       + ("Each is compared with a raw call of its own, made right before or after it. "
                          if with_retries.get("raw_first_pass_order") else "")
                       + "Engine full: the share of the engine's stepping time it held at least max_num_seqs "
-                      "requests.", "",
+                      "requests. Steps not full: the engine's steps with fewer requests than max_num_seqs (a run's "
+                      "start, its drain, chains of retries at its end), their seconds and ms a step, and raw's "
+                      "beside them.", "",
                       "| retries | job s | raw first pass s | raw / job | output tokens (raw's first pass) "
                       "| retry attempts | accepted | rejected | engine steps | engine busy s | engine full "
-                      "| after the last output s |",
-                      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                      "| steps not full: n, s, ms a step (raw's) | after the last output s |",
+                      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
             for name, v in variants.items():
                 feed = v.get("engine_feed") or {}
                 full = f"{100 * feed['full_share']:.0f}%" if feed.get("full_share") is not None else "n/a"
@@ -322,6 +357,7 @@ def render_markdown(result: dict[str, Any]) -> str:
                     f"| {_num(v['ratio_job_with_retries_vs_raw_first_pass'], 3)} | {v['output_tokens']:,} "
                     f"({v.get('raw_first_pass_output_tokens') or 0:,}) | {v['retry_attempts']} | {v['accepted']:,} "
                     f"| {v['rejected']:,} | {feed.get('steps', 'n/a')} | {_num(feed.get('busy_seconds'))} | {full} "
+                    f"| {not_full(feed.get('by_held'), v.get('raw_engine_steps_by_held'), feed.get('capacity'))} "
                     f"| {_num(after, 2)} |")
             lines.append("")
 

@@ -478,15 +478,20 @@ def timed_generate(llm: Any, prompts: list[list[int]], params: Any, one_at_a_tim
     tokens, first, finish = 0, None, {}
     # LLM.generate steps its LLMEngine (one engine core output a step), as the flow's stream does: counted, its
     # steps and their time compare with the stream's feed counters (the engine's pace per step, raw against flow)
-    engine, steps = llm.llm_engine, {"count": 0, "seconds": 0.0}
+    from batchgen.stream import count_step
+
+    engine, steps, by_held = llm.llm_engine, {"count": 0, "seconds": 0.0}, {}
 
     def step() -> Any:
+        held = engine.get_num_unfinished_requests()
         begun = time.perf_counter()
         try:
             return type(engine).step(engine)
         finally:
+            seconds = time.perf_counter() - begun
             steps["count"] += 1
-            steps["seconds"] += time.perf_counter() - begun
+            steps["seconds"] += seconds
+            count_step(by_held, held, seconds)
 
     engine.step = step
     started = time.perf_counter()
@@ -501,7 +506,7 @@ def timed_generate(llm: Any, prompts: list[list[int]], params: Any, one_at_a_tim
     finally:
         del engine.step  # the class's own again
     return {"wall": time.perf_counter() - started, "first": first, "tokens": tokens, "finish": finish,
-            "steps": steps["count"], "step_seconds": round(steps["seconds"], 3)}
+            "steps": steps["count"], "step_seconds": round(steps["seconds"], 3), "steps_by_held": by_held}
 
 
 def run_raw(engine: Any, prompts: list[list[int]], params: Any, memory: TreeMemory) -> dict[str, Any]:
@@ -510,7 +515,8 @@ def run_raw(engine: Any, prompts: list[list[int]], params: Any, memory: TreeMemo
         got = engine.run(timed_generate, prompts, params)
     # One call returns every result at its end: the first result comes with the last.
     return method_figures(len(prompts), got["tokens"], got["wall"], got["wall"], mem, finish=got["finish"],
-                          engine_steps=got["steps"], engine_step_seconds=got["step_seconds"])
+                          engine_steps=got["steps"], engine_step_seconds=got["step_seconds"],
+                          engine_steps_by_held=step_pace(got["steps_by_held"]))
 
 
 def run_raw_beside_pipeline(engine: Any, prompts: list[list[int]], params: Any, memory: TreeMemory,
@@ -589,7 +595,18 @@ def time_report(out: Path) -> float:
 
 
 def rounded(figures: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if figures is None else {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
+    if figures is None:
+        return None
+    return {k: (round(v, 3) if isinstance(v, float) else step_pace(v) if k == "by_held" else v)
+            for k, v in figures.items()}
+
+
+def step_pace(by_held: dict[int, list[float]]) -> dict[str, dict[str, float]]:
+    """The engine's steps by requests held (batchgen.stream.count_step): for each power of two k, the steps
+    taken with k to 2k - 1 requests in the engine, their seconds and ms a step, in order of k."""
+    return {str(key): {"steps": int(steps), "seconds": round(seconds, 3),
+                       "ms_per_step": round(1000 * seconds / steps, 2) if steps else None}
+            for key, (steps, seconds) in sorted(by_held.items(), key=lambda item: int(item[0]))}
 
 
 def windows_held_per_place() -> dict[str, int]:
@@ -782,13 +799,15 @@ def variant_ratios(pairs: list[dict[str, Any]], variants: list[str]) -> dict[str
 
 
 # The whole job with retries on: the example job's retry settings as they are (`continue_then_grow`, cut-off outputs
-# retried in the generate task's stream; `grow` before 2026-12-06), then `grow` (a fresh draw with twice the
+# retried in the generate task's stream; `grow` before 2026-12-06), the same with each continuation's draw afresh
+# started beside it as a spare (retry.ahead), then `grow` (a fresh draw with twice the
 # budget), then grow with each retry's own retry started ahead as a spare (retry.ahead), then without it (the
 # default since 2026-12-04, named for runs from before), then in retry passes after validation, then `continue` and
 # `continue_then_grow` in the stream; `to_cap_in_stream`: one grow retry straight to the example job's cap (80 ->
 # 320 tokens, where grow doubles 80 -> 160 -> 320), so a chain cut off at the end of the run takes 320 more steps
 # instead of 160 + 320 (a fresh draw either way; the budget only caps it).
-RETRY_VARIANTS = {"in_stream": {}, "grow_in_stream": {"strategy": "grow"},
+RETRY_VARIANTS = {"in_stream": {}, "continue_then_grow_ahead_in_stream": {"strategy": "continue_then_grow", "ahead": True},
+                  "grow_in_stream": {"strategy": "grow"},
                   "in_stream_ahead": {"strategy": "grow", "ahead": True},
                   "in_stream_no_ahead": {"strategy": "grow", "ahead": False},
                   "passes": {"in_stream": False},
@@ -873,6 +892,7 @@ def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_token
             "rejected_by_reason": counts["rejected_by_reason"],
             "generate_seconds": run["manifest"]["timings_seconds"]["generate"],
             "engine_feed": rounded(run["engine_feed"]),
+            "raw_engine_steps_by_held": raw.get("engine_steps_by_held"),
             # the fixed cost around the engine's span (with retries: after the last chain's last output)
             "around_engine": run["around_engine"]}
     return {**variants["in_stream"], "variants": variants}

@@ -22,7 +22,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     out = tmp_path / "results"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--repeats", "2", "--beside-pipeline",
-                           "40", "--with-retries", "--retry-variants", "in_stream", "continue_in_stream",
+                           "40", "--with-retries", "--retry-variants", "in_stream", "continue_then_grow_ahead_in_stream",
                            "in_stream", "to_cap_in_stream", "--windows-held-per-place", "3", "--add-per-step", "5",
                            "--flow-variants", "add_all", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
@@ -49,6 +49,8 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     assert set(result["retry_strategies"]["strategies"]) == {"grow", "continue", "continue_then_grow"}
     raw = methods["raw_vllm"]  # its engine's steps, counted inside LLM.generate: its pace per step beside the flow's
     assert raw["engine_steps"] >= raw["output_tokens"] / 8 and raw["engine_step_seconds"] > 0  # 8 sequences a step
+    assert sum(c["steps"] for c in raw["engine_steps_by_held"].values()) == raw["engine_steps"]
+    assert set(raw["engine_steps_by_held"]) <= {"1", "2", "4", "8"}  # 8 prompts: never more held
     pairs = result["sizes"]["8"]["repeats"]  # --repeats 2: raw and the flow twice, the ratios their medians
     assert len(pairs) == 2 and result["config"]["repeats"] == 2
     for key in ("ratio_flow_vs_raw", "ratio_generation_vs_raw"):
@@ -78,16 +80,20 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     # the job with retries, each variant against a raw call of its own made right beside it (raw first, then the job
     # first), not against the pairs' raw calls made minutes before: the host's pace drifts
     jobs = result["sizes"]["8"]["with_retries"]["variants"]
-    assert list(jobs) == ["in_stream", "continue_in_stream", "in_stream_2", "to_cap_in_stream"]  # run again
+    assert list(jobs) == ["in_stream", "continue_then_grow_ahead_in_stream", "in_stream_2", "to_cap_in_stream"]
     assert [v["raw_first_pass_order"] for v in jobs.values()] == ["raw, then the job", "the job, then raw",
                                                                   "raw, then the job", "the job, then raw"]
     # the example job's own retries first; one grow retry straight to its cap: those settings over the example's
     assert jobs["in_stream"]["retry"]["strategy"] == "continue_then_grow"
+    assert jobs["continue_then_grow_ahead_in_stream"]["retry"] == {**jobs["in_stream"]["retry"], "ahead": True}
     assert jobs["to_cap_in_stream"]["retry"] == {**jobs["in_stream"]["retry"], "strategy": "grow", "growth_factor": 4,
                                                  "max_passes": 1}
     for v in jobs.values():
         assert v["around_engine"]["after_last_output"] > 0  # each generated anew (its own output folder)
         assert v["engine_feed"]["steps"] > 0
+        # the engine's steps by requests held, the job's and its raw call's, adding up to their steps
+        assert sum(c["steps"] for c in v["engine_feed"]["by_held"].values()) == v["engine_feed"]["steps"]
+        assert sum(c["steps"] for c in v["raw_engine_steps_by_held"].values()) > 0
         assert v["ratio_job_with_retries_vs_raw_first_pass"] == pytest.approx(
             v["raw_first_pass_seconds"] / v["job_wall_seconds"], rel=2e-3)
         assert v["raw_pairs_median_seconds"] == pytest.approx(statistics.median(p["raw_wall_seconds"] for p in pairs))
@@ -97,7 +103,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     assert "Repeats: 2 pairs" in table and "| 2 |" in table and "Raw vLLM beside the pipeline" in table
     assert "after its last output (the last windows' validation and staging" in table
     assert "made right beside the job (raw, then the job)" in table
-    assert "| in_stream_2 |" in table and "after the last output s" in table
+    assert "| in_stream_2 |" in table and "after the last output s" in table and "steps not full" in table
     assert (out / "latest.png").read_bytes().startswith(b"\x89PNG")
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import time
 from collections import defaultdict
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 import pytest
@@ -613,16 +613,16 @@ class TokenSteps:
     """A stand-in core's step as a GPU's: every request in the engine makes one token a step (4 a step here, 5 ms),
     and is answered once it has its budget (or the tokens it stops at: FitsByItem's fit)."""
 
-    def __init__(self, core):
-        self.core, self.made = core, {}
+    def __init__(self, core, needs: Callable[[Any], int] = lambda prompt: 16 if prompt["prompt_token_ids"][0] % 2 == 0
+                 else 32):
+        self.core, self.made, self.needs = core, {}, needs  # needs(prompt): the new tokens it stops after
 
     def __call__(self):
         time.sleep(0.005)
         core, done = self.core, []
         for request_id, prompt, params in core.pending:
-            fits = 16 if prompt["prompt_token_ids"][0] % 2 == 0 else 32
             self.made[request_id] = self.made.get(request_id, 0) + 4
-            if self.made[request_id] >= min(params.max_tokens, fits):
+            if self.made[request_id] >= min(params.max_tokens, self.needs(prompt)):
                 done.append((request_id, prompt, params))
         core.pending = [p for p in core.pending if p not in done]
         outputs = core.answer([prompt for _, prompt, _ in done], [params for _, _, params in done])
@@ -703,3 +703,73 @@ def test_a_retry_s_own_retry_runs_beside_it_and_is_kept_only_when_the_retry_is_c
     assert again.reused == 6 + 1
     sent = [e[1:] for e in again_events if e[0] == "add"]
     assert not [s for s in sent if s[1] == 4] and (1001, 8) not in sent
+
+
+class FitsInAll(FakeLLM):
+    """Continuations (the prompt's 3 tokens and the cut-off ones) count the tokens they continue: even items' outputs
+    fit in 8 tokens in all, odd items' in 16; cut off ("length") below that."""
+
+    @staticmethod
+    def fits(prompt) -> int:
+        return 8 if prompt["prompt_token_ids"][0] % 2 == 0 else 16
+
+    def needs(self, prompt) -> int:
+        return self.fits(prompt) - (len(prompt["prompt_token_ids"]) - 3)
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        outputs = super().generate(prompts, sampling_params, use_tqdm)
+        for prompt, output, params in zip(prompts, outputs, sampling_params):
+            for c in output.outputs:
+                c.finish_reason = "stop" if params.max_tokens >= self.needs(prompt) else "length"
+        return outputs
+
+
+def test_continue_then_grow_starts_the_draw_afresh_beside_a_continuation_and_keeps_it_only_when_that_is_cut_off():
+    """retry.ahead with continue_then_grow: a first attempt cut off at 4 tokens is continued to 8; beside the
+    continuation the draw afresh at 16 that it gets if cut off again starts as a spare. Odd items' continuations
+    are cut off (adopted: their 16 was in the engine before the continuation was committed, committed after it);
+    even items' are not (withdrawn). The attempts, outputs and keys are those of the chain without spares; a first
+    attempt gets no spare (its follow-up continues its output)."""
+    def run(ahead: bool):
+        events: list[tuple] = []
+        llm = FitsInAll()
+        factory = Factory(llm)
+        factory.engine = stand_in_engine(llm, max_num_seqs=64)
+        core = llm.llm_engine
+        core.step = TokenSteps(core, llm.needs)
+        add = core.add_request
+        core.add_request = lambda request_id, prompt, params: (
+            events.append(("add", prompt["prompt_token_ids"][0], len(prompt["prompt_token_ids"]), params.max_tokens)),
+            add(request_id, prompt, params))[1]
+        retry = RetrySpec(max_passes=2, strategy="continue_then_grow", growth_factor=2, max_tokens_cap=64,
+                          ahead=ahead)
+        ran = run_requests(factory, many_requests(6), SamplingSpec(max_tokens=4), MODEL, commit_every=1,
+                           on_commit=lambda rows, finished, total: events.extend(
+                               ("commit", r.item_id, r.attempt, r.max_tokens) for r in rows),
+                           follow_up=grows(retry))
+        return ran, events, core.aborted
+
+    def chain(ran):
+        return sorted((r.item_id, r.attempt, r.strategy, r.max_tokens, r.finish_reason, r.text, r.request_key)
+                      for r in ran.rows)
+
+    plain, plain_events, plain_aborted = run(ahead=False)
+    ran, events, aborted = run(ahead=True)
+    assert chain(ran) == chain(plain)
+    assert sorted((r.item_id, r.attempt, r.strategy, r.max_tokens, r.finish_reason) for r in ran.rows) == sorted(
+        [(f"p{i}", 1, "first", 4, "length") for i in range(6)]
+        + [(f"p{i}", 2, "continue", 8, "stop" if i % 2 == 0 else "length") for i in range(6)]
+        + [(f"p{i}", 3, "grow", 16, "stop") for i in range(1, 6, 2)])
+    assert (ran.spares_kept, ran.spares_dropped) == (3, 3) and len(aborted) <= 3 and not plain_aborted
+    for i in range(6):
+        # the continuation: the prompt and the 4 cut-off tokens, asked for 4 more
+        assert ("add", 1000 + i, 7, 4) in events
+    for i in range(1, 6, 2):  # the draw afresh (3 prompt tokens, 16) was in the engine before the continuation's commit
+        assert events.index(("add", 1000 + i, 3, 16)) < events.index(("commit", f"p{i}", 2, 8))
+        assert events.index(("commit", f"p{i}", 2, 8)) < events.index(("commit", f"p{i}", 3, 16))
+    assert plain_events.index(("add", 1001, 3, 16)) > plain_events.index(("commit", "p1", 2, 8))
+    committed = [e[1:] for e in events if e[0] == "commit"]
+    assert not [c for c in committed if c[0] in ("p0", "p2", "p4") and c[1] == 3]  # withdrawn: never committed
+    adds_before_first_commit = [e for e in events[:events.index(next(e for e in events if e[0] == "commit"))]
+                                if e[0] == "add"]
+    assert {e[3] for e in adds_before_first_commit} == {4}  # no spare beside a first attempt

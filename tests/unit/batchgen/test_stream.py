@@ -244,11 +244,18 @@ def test_feed_counts_the_stepping_time_the_engine_held_a_full_batch():
     assert before["capacity"] == 4
     assert len(list(stream.submit(prompts(0, 10), [None] * 10))) == 10
     feed = feed_delta(before, stream.feed())
-    stream.close()
     # three steps holding 10, 6 and 2 requests: the first two full (4 at once), the last not
     assert feed["steps"] == 3 and [len(step) for step in core.steps] == [4, 4, 2]
     assert 0.5 < feed["full_share"] < 0.8 and feed["full_seconds"] < feed["busy_seconds"]
     assert 4 < feed["mean_requests"] < 8
+    # the steps by requests held (8-15, 4-7, 2-3), their seconds adding up to the stepping time
+    assert {key: steps for key, (steps, _) in feed["by_held"].items()} == {8: 1, 4: 1, 2: 1}
+    assert sum(seconds for _, seconds in feed["by_held"].values()) == pytest.approx(feed["busy_seconds"])
+    middle = stream.feed()
+    assert len(list(stream.submit(prompts(10, 3), [None] * 3))) == 3
+    later = feed_delta(middle, stream.feed())  # only what came after the middle reading
+    stream.close()
+    assert {key: steps for key, (steps, _) in later["by_held"].items()} == {2: 1}
 
 
 def test_a_batch_holding_an_urgent_output_is_handed_over_within_its_shorter_wait():
