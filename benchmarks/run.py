@@ -806,7 +806,8 @@ def variant_ratios(pairs: list[dict[str, Any]], variants: list[str]) -> dict[str
 # `continue_then_grow` in the stream; `to_cap_in_stream`: one grow retry straight to the example job's cap (80 ->
 # 320 tokens, where grow doubles 80 -> 160 -> 320), so a chain cut off at the end of the run takes 320 more steps
 # instead of 160 + 320 (a fresh draw either way; the budget only caps it).
-RETRY_VARIANTS = {"in_stream": {}, "continue_then_grow_ahead_in_stream": {"strategy": "continue_then_grow", "ahead": True},
+RETRY_VARIANTS = {"in_stream": {},
+                  "continue_then_grow_ahead_in_stream": {"strategy": "continue_then_grow", "ahead": True},
                   "grow_in_stream": {"strategy": "grow"},
                   "in_stream_ahead": {"strategy": "grow", "ahead": True},
                   "in_stream_no_ahead": {"strategy": "grow", "ahead": False},
