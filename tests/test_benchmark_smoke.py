@@ -23,7 +23,8 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--repeats", "2", "--beside-pipeline",
                            "40", "--with-retries", "--retry-variants", "in_stream",
-                           "continue_then_grow_ahead_in_stream", "in_stream", "to_cap_in_stream", "--windows-held-per-place", "3", "--add-per-step", "5",
+                           "continue_then_grow_ahead_in_stream", "in_stream", "to_cap_in_stream",
+                           "--windows-held-per-place", "3", "--add-per-step", "5",
                            "--flow-variants", "add_all", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
