@@ -547,7 +547,8 @@ class RetrySpec(_Section):
         "attempt after it (the one it gets if the retry is cut off too: a draw afresh) while the engine has "
         "room, and drops it if the retry is not cut off. The same attempts and outputs; a chain of cut-offs at "
         "the end of a run takes its longest attempt's time, not the sum of its attempts'. Off by default "
-        "(docs/generation.md says what it measured); continue has nothing to start ahead.",
+        "(docs/generation.md says what it measured). Refused where it would start nothing: under continue, with "
+        "in_stream false, with beam search.",
     )
 
     @property
@@ -655,6 +656,26 @@ class JobSpec(_Section):
                 f"sampling.{structured[0]}: vLLM applies the constraint from the continuation's first token, so "
                 f"the text after the cut would start it over (a second JSON value inside the first); use "
                 f"retry.strategy: grow (a fresh draw with a bigger budget)")
+        return self
+
+    @model_validator(mode="after")
+    def _ahead_has_something_to_start(self) -> JobSpec:
+        # retry.ahead starts a retry's own retry in the generate task's stream (batchgen.retry.stream_retry): where
+        # that stream retries nothing, or each retry needs the output before it, the setting would do nothing.
+        retry = self.retry
+        if not retry.ahead:
+            return self
+        if retry.strategy == "continue":
+            raise ValueError(f"{AT}retry.ahead: under retry.strategy: continue there is nothing to start ahead (each "
+                             f"continuation needs the output it continues); use continue_then_grow or grow with it, "
+                             f"or drop retry.ahead")
+        if not retry.in_stream:
+            raise ValueError(f"{AT}retry.ahead: it starts retries in the generate task's stream, and retry.in_stream "
+                             f"is false (retries in passes after validation); set retry.in_stream: true or drop "
+                             f"retry.ahead")
+        if self.sampling.use_beam_search:
+            raise ValueError(f"{AT}retry.ahead: with sampling.use_beam_search cut-off outputs are retried in passes, "
+                             f"not in the stream; drop retry.ahead")
         return self
 
     @model_validator(mode="after")

@@ -86,6 +86,17 @@ BAD_JOBS = [
     pytest.param(job_with(sampling={"max_tokens": 2048}, retry={"max_tokens_cap": None}),
                  ["retry.max_tokens_cap: 1024 is not above sampling.max_tokens 2048", "e.g. 8192",
                   "retry.max_passes: 0"], id="budget-cannot-grow"),
+    # retry.ahead where it would start nothing (the base job continues cut-off outputs)
+    pytest.param(job_with(retry={"ahead": True}),
+                 ["retry.ahead: under retry.strategy: continue there is nothing to start ahead", "continue_then_grow"],
+                 id="ahead-continue"),
+    pytest.param(job_with(retry={"ahead": True, "strategy": "grow", "in_stream": False}),
+                 ["retry.ahead: it starts retries in the generate task's stream", "retry.in_stream: true"],
+                 id="ahead-in-passes"),
+    pytest.param(job_with(sampling={"use_beam_search": True, "beam_width": 2},
+                          retry={"ahead": True, "strategy": "grow"}),
+                 ["retry.ahead: with sampling.use_beam_search cut-off outputs are retried in passes"],
+                 id="ahead-beam-search"),
     pytest.param(job_with(sampling={"overrides": {"top_p": "p"}}), ["sampling.overrides", "max_tokens"],
                  id="override-not-allowed"),
     pytest.param(job_with(sampling={"max_tokens": 0}), ["sampling.max_tokens", "greater than or equal to 1"],
@@ -256,6 +267,12 @@ def test_a_first_budget_at_the_cap_is_valid_where_cut_off_outputs_are_not_grown(
     for section, values in changes.items():
         data[section].update(values)
     assert job_from_dict(data, base_dir=tmp_path).retry.max_tokens_cap == 320
+
+
+@pytest.mark.parametrize("strategy", ["grow", "continue_then_grow"])
+def test_retries_started_ahead_load_where_there_is_a_draw_afresh_to_start(tmp_path, strategy):
+    job = job_from_dict(job_with(retry={"ahead": True, "strategy": strategy}), base_dir=tmp_path)
+    assert job.retry.ahead and job.retry.strategy == strategy
 
 
 @pytest.mark.parametrize("retry", [{"strategy": "grow"}, {"max_passes": 0}, {"on": ["json_schema"]}],
