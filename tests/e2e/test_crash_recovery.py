@@ -211,14 +211,16 @@ def check_chains(attempts: pd.DataFrame, first_budget: int, max_passes: int) -> 
         assert reasons[-1] != "length" or len(numbers) == max_passes + 1, (item_id, reasons)
 
 
-def test_retries_started_ahead_publish_the_same_chains_and_survive_a_sigkill(tmp_path):
-    """retry.ahead (with grow): a retry's own retry starts beside it as a spare once the engine has
-    room, kept only when the retry is cut off too. A full run uses spares and publishes consistent chains; a run
-    SIGKILLed once a third attempt is committed loses nothing, and its rerun publishes every item once with each
-    chain as it would be without spares. The engine's front end runs in a process of its own, as on every GPU:
-    spares are promoted and withdrawn across its socket."""
-    job = product_job(tmp_path, ITEMS, sampling={"max_tokens": 4}, retry={"max_passes": 2, "growth_factor": 2,
-                                                                         "ahead": True},
+@pytest.mark.parametrize("strategy", ["grow", "continue_then_grow"])
+def test_retries_started_ahead_publish_the_same_chains_and_survive_a_sigkill(tmp_path, strategy):
+    """retry.ahead: a retry's own retry (a draw afresh: under grow, the next budget; under continue_then_grow, the
+    one a continuation cut off again gets) starts beside it as a spare once the engine has room, kept only when the
+    retry is cut off too. A full run uses spares and publishes consistent chains; a run SIGKILLed once a third
+    attempt is committed loses nothing, and its rerun publishes every item once with each chain as it would be
+    without spares. The engine's front end runs in a process of its own, as on every GPU: spares are promoted and
+    withdrawn across its socket."""
+    job = product_job(tmp_path, ITEMS, sampling={"max_tokens": 4},
+                      retry={"max_passes": 2, "growth_factor": 2, "ahead": True, "strategy": strategy},
                       chunk_size=1, commit_seconds=3600, engine={"max_num_seqs": 16, "front_end_process": True})
     ids = list(pd.read_csv(tmp_path / "products.csv", dtype=str)["product_id"])
     job["output"]["dir"] = str(tmp_path / "full")
@@ -227,7 +229,10 @@ def test_retries_started_ahead_publish_the_same_chains_and_survive_a_sigkill(tmp
     text = log.read_text()
     assert " started ahead;" in text, text[-3000:]  # the generate task's line: spares were started
     check_exactly_once(tmp_path / "full", ids)
-    check_chains(pd.read_parquet(tmp_path / "full" / "current" / "attempts" / "attempts.parquet"), 4, 2)
+    full = pd.read_parquet(tmp_path / "full" / "current" / "attempts" / "attempts.parquet")
+    check_chains(full, 4, 2)
+    strategies = {int(k): set(v) for k, v in full.groupby("attempt")["strategy"]}
+    assert strategies[2] == {"continue" if strategy == "continue_then_grow" else "grow"} and strategies[3] == {"grow"}
 
     out = tmp_path / "out"
     job["output"]["dir"] = str(out)
