@@ -8,12 +8,12 @@
 #   STEPS="run big_model pipeline" bash benchmarks/gpu_session.sh   # the steps to run (default: run big_model)
 #   STEPS=paired16 ...; then STEPS=paired80, then STEPS=paired80_fcfs, each a call on the same machine
 #   RUN_EXTRA="--retry-variants in_stream continue_in_stream" ...   # more arguments for the `run` step
-#   RUN_EXTRA="--retry-variants in_stream in_stream_ahead in_stream_ahead in_stream" STEPS=paired80 ...
-#                                               # also with retry.ahead, each way twice, alternating
-#   RUN_EXTRA="--retry-variants in_stream continue_then_grow_ahead_in_stream" BESIDE80=0 REPEATS=1 STEPS=paired80 \
-#                                               # the example's continue_then_grow with and without retry.ahead
-#                                               # (2026-12-06c, an H100: ~100 fewer steps, no shorter job), or
-#                                               # "in_stream grow_in_stream grow_in_stream in_stream" against grow
+#   RUN_EXTRA="--retry-variants in_stream_no_ahead in_stream_ahead in_stream_ahead in_stream_no_ahead" \
+#     STEPS=paired80 ...                         # grow with and without retry.ahead, each twice, alternating
+#   RUN_EXTRA="--retry-variants in_stream continue_then_grow_ahead_in_stream" BESIDE80=0 REPEATS=1 \
+#     STEPS=paired80 ...                         # the example's continue_then_grow with and without retry.ahead
+#                                               # (2026-12-06c, an H100: ~100 fewer steps, no shorter job); with
+#                                               # "in_stream grow_in_stream grow_in_stream in_stream": against grow
 #   RUN_EXTRA="--retry-variants in_stream to_cap_in_stream in_stream to_cap_in_stream" BESIDE80=0 REPEATS=1 \
 #     STEPS=paired80 ...                         # one grow retry straight to the cap against two doublings
 #                                               # (2026-12-06, a slow H100: no faster, more left cut off; with a
