@@ -187,7 +187,7 @@ def stream_retry(retry: RetrySpec, max_model_len: int,
             temperature=request.temperature, lora=request.lora, strategy=request.strategy)
         return follow_up(row) if next_strategy(row, retry) == "grow" else None
 
-    follow_up.ahead = ahead if retry.ahead and retry.strategy != "continue" else None  # type: ignore[attr-defined]
+    follow_up.ahead = ahead if retry.ahead else None  # type: ignore[attr-defined]
     return follow_up
 
 

@@ -174,10 +174,11 @@ def feed_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """What EngineStream.feed() counted between two readings, with the time-weighted requests in the engine and
     the share of the stepping time it was full."""
     delta = {key: after[key] - before[key] for key in ("steps", "busy_seconds", "full_seconds", "request_seconds")}
-    earlier = before.get("by_held", {})
-    delta["by_held"] = {key: [steps - earlier.get(key, [0, 0.0])[0], seconds - earlier.get(key, [0, 0.0])[1]]
-                        for key, (steps, seconds) in after.get("by_held", {}).items()
-                        if steps > earlier.get(key, [0, 0.0])[0]}
+    earlier, delta["by_held"] = before.get("by_held", {}), {}
+    for key, (steps, seconds) in after.get("by_held", {}).items():
+        steps_before, seconds_before = earlier.get(key, (0, 0.0))
+        if steps > steps_before:
+            delta["by_held"][key] = [steps - steps_before, seconds - seconds_before]
     busy = delta["busy_seconds"]
     delta["capacity"] = after["capacity"]
     delta["mean_requests"] = delta["request_seconds"] / busy if busy > 0 else None
