@@ -323,6 +323,21 @@ def ahead_runs(job: Any, work: Any, repeats: int) -> Iterator[tuple[bool, Any]]:
                 "output": job.output.model_copy(update={"dir": str(work / f"out-{rep}-{ahead}")})})
 
 
+def measured_run(llm: StandInLLM, flow: Any, job: Any) -> dict[str, Any]:
+    """One run of `flow` (flows.batch_generation.batch_generation) on `job` with `llm`'s BatchingStandInEngine, as
+    the ad-hoc retry-chain scripts print it: its wall time, the time after the engine's last output, the engine's
+    steps and tokens (dropped spares' included), the items, those accepted, and the generate task's seconds."""
+    engine = llm.llm_engine
+    steps, tokens = engine.steps, engine.tokens
+    started = time.perf_counter()
+    manifest = flow(job)
+    wall = time.perf_counter() - started
+    return {"wall": round(wall, 2), "after_last_output": round(started + wall - engine.last_output_at, 2),
+            "engine_steps": engine.steps - steps, "engine_tokens": engine.tokens - tokens,
+            "items": manifest.counts.items, "accepted": manifest.counts.accepted,
+            "generate": round(manifest.timings_seconds["generate"], 2)}
+
+
 def batching_retry_bench(default_max_tokens: int) -> tuple[StandInLLM, Any, Any, int]:
     """The set-up of the ad-hoc measurements of retry chains (benchmarks/results/cpu-window-threads/,
     cpu-retry-ahead/), called by their scripts before they import the flow: a BatchingStandInEngine installed

@@ -8,7 +8,7 @@ As ../cpu-retry-ahead/ahead_standin_ab.py (benchmarks/standin.py: BatchingStandI
 seconds, CUT% cut off, grow x2 up to 320, 2 passes, in the stream); WAITS=0.25,0.02 (the default) the waits,
 alternating; STRATEGY=grow (the default) the retry strategy. One JSON line per run. An ad-hoc measurement kept
 with its figures (README.md), not a benchmark of the suite."""
-import sys, time, shutil, json, os
+import sys, shutil, json, os
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3]))
 from benchmarks import run as bench
 bench.set_environment()
@@ -26,14 +26,5 @@ with prefect_test_harness(server_startup_timeout=120):
             gen.FOLLOW_UP_COMMIT_SECONDS = wait
             run_job = job.model_copy(update={"output": job.output.model_copy(
                 update={"dir": str(work / f"out-{rep}-{wait}")})})
-            engine = llm.llm_engine
-            steps0, tokens0 = engine.steps, engine.tokens
-            t = time.perf_counter()
-            m = fb.batch_generation(run_job)
-            wall = time.perf_counter() - t
-            print(json.dumps({"wait": wait, "wall": round(wall, 2),
-                              "after_last_output": round(t + wall - llm.llm_engine.last_output_at, 2),
-                              "engine_steps": engine.steps - steps0, "engine_tokens": engine.tokens - tokens0,
-                              "accepted": m.counts.accepted, "generate": round(m.timings_seconds["generate"], 2)}),
-                  flush=True)
+            print(json.dumps({"wait": wait, **standin.measured_run(llm, fb.batch_generation, run_job)}), flush=True)
 shutil.rmtree(work, ignore_errors=True)

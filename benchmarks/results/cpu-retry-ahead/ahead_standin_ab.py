@@ -10,7 +10,7 @@ of steps, as on a GPU. It says its max_num_seqs as vLLM's engine does, so spare 
 it holds fewer than 256. The flow runs with windows_in_flight 3, retry.ahead off and on, alternating; one JSON line
 per run: the wall time, the engine's steps, the tokens its steps made (dropped spares' included). An ad-hoc
 measurement kept with its figures (README.md), not a benchmark of the suite."""
-import sys, time, shutil, json
+import sys, shutil, json
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3]))
 from benchmarks import run as bench
 bench.set_environment()
@@ -21,14 +21,5 @@ import flows.batch_generation as fb
 with prefect_test_harness(server_startup_timeout=120):
     fb.batch_generation(bench.bench_job(bench.write_products(work / "w.csv", 8), work / "ow", 16))
     for ahead, run_job in standin.ahead_runs(job, work, reps):
-        engine = llm.llm_engine
-        steps0, tokens0 = engine.steps, engine.tokens
-        t = time.perf_counter()
-        m = fb.batch_generation(run_job)
-        wall = time.perf_counter() - t
-        print(json.dumps({"ahead": ahead, "wall": round(wall, 2),
-                          "after_last_output": round(t + wall - llm.llm_engine.last_output_at, 2),
-                          "engine_steps": engine.steps - steps0, "engine_tokens": engine.tokens - tokens0,
-                          "items": m.counts.items, "accepted": m.counts.accepted,
-                          "generate": round(m.timings_seconds["generate"], 2)}), flush=True)
+        print(json.dumps({"ahead": ahead, **standin.measured_run(llm, fb.batch_generation, run_job)}), flush=True)
 shutil.rmtree(work, ignore_errors=True)
