@@ -19,6 +19,10 @@
 #                                               # (2026-12-06, a slow H100: no faster, more left cut off; with a
 #                                               # cold compile cache it needs more than one call's 480 s there)
 #   BESIDE16=0 BESIDE80=0 STEP_CAP=580 ...  # paired16/paired80 without the raw-beside-pipeline run, a longer cap
+#   SIZES="10000 30000" REPEATS16=2 BESIDE16=0 STEPS=paired16 ...   # paired16/paired80 at these sizes: how the time
+#                                               # beyond raw's grows with the items (a fixed part and a share)
+#   SIZES="10000 20000" REPEATS=1 BESIDE80=0 RUN_EXTRA="--retry-sizes 10000 20000" STEPS=paired80 ...
+#                                               # the same with the job's retries at both sizes
 #   RUN_EXTRA="--windows-held-per-place 8" BESIDE80=0 STEPS=paired80 ...   # the flow holding 8 windows per place
 #                                               # (also without retries): one call, then the same without it
 #   RUN_EXTRA="--add-per-step 100000" BESIDE80=0 STEPS=paired80 ...   # a window's requests into the engine at once
@@ -122,11 +126,12 @@ step() {  # step NAME CAP_SECONDS COMMAND...: run COMMAND with its output in $LO
 
 step run 570 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 16 --hf-items 256 --hf-batch-size 64 \
   --serial-items 32 --retry-items 64 --with-retries ${RUN_EXTRA:-} --out "$RES"
-step paired16 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes 10000 --max-tokens 16 \
+step paired16 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes ${SIZES:-10000} --max-tokens 16 \
   --repeats "${REPEATS16:-5}" --beside-pipeline "${BESIDE16:-50000}" --hf-items 32 --hf-batch-size 32 \
   --serial-items 16 --retry-items 16 ${RUN_EXTRA:-} --out "$RES/max-tokens-16"
-step paired80 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-3}" \
-  --beside-pipeline "${BESIDE80:-100000}" --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 \
+step paired80 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes ${SIZES:-10000} --max-tokens 80 \
+  --repeats "${REPEATS:-3}" --beside-pipeline "${BESIDE80:-100000}" --hf-items 32 --hf-batch-size 32 \
+  --serial-items 16 --retry-items 16 \
   --with-retries --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES"
 step paired80_fcfs 540 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-3}" \
   --scheduling-policy fcfs --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 --with-retries \

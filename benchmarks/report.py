@@ -87,6 +87,52 @@ def not_full_sentence(feed: dict[str, Any], raw: dict[str, Any]) -> str:
             f"at {raw_below['ms_per_step']:.1f} ms.")
 
 
+def retries_by_size(result: dict[str, Any]) -> list[str]:
+    """The example job with its retries at each size that ran it (--retry-sizes), and its time beyond raw's first
+    pass as a fixed part and a share (beyond_sentence)."""
+    runs = sorted((int(size), entry["with_retries"]) for size, entry in result["sizes"].items()
+                  if entry.get("with_retries"))
+    if len(runs) < 2:
+        return []
+    lines = ["By size, each job beside a raw call of its own:", "",
+             "| items | job s | raw first pass s | raw / job | beyond raw s | output tokens (raw's first pass) "
+             "| steps not full: n, s, ms a step (raw's) | after the last output s |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    for items, v in runs:
+        feed = v.get("engine_feed") or {}
+        lines.append(
+            f"| {items:,} | {_num(v['job_wall_seconds'])} | {_num(v['raw_first_pass_seconds'])} "
+            f"| {_num(v['ratio_job_with_retries_vs_raw_first_pass'], 3)} "
+            f"| {_num(v['job_wall_seconds'] - v['raw_first_pass_seconds'])} | {v['output_tokens']:,} "
+            f"({v.get('raw_first_pass_output_tokens') or 0:,}) "
+            f"| {not_full(feed.get('by_held'), v.get('raw_engine_steps_by_held'), feed.get('capacity'))} "
+            f"| {_num((v.get('around_engine') or {}).get('after_last_output'), 2)} |")
+    lines.append("")
+    if result.get("with_retries_beyond_raw"):
+        lines += [beyond_sentence(result["with_retries_beyond_raw"], "The job's time",
+                                  "the job within 1.10x of raw's first pass"), ""]
+    return lines
+
+
+def beyond_sentence(beyond: dict[str, Any], what: str, target: str) -> str:
+    """A method's time beyond raw vLLM's at two sizes, as a fixed part and a share of raw's time
+    (benchmarks.run.beyond_raw), and the size from which that line meets the target."""
+    (small, large), (raw_small, raw_large) = beyond["between_items"], beyond["raw_seconds"]
+    over_small, over_large = beyond["beyond_raw_seconds"]
+    text = (f"{what} beyond raw vLLM's, from {small:,} to {large:,} items: {over_small:.1f} s "
+            f"({over_small / raw_small:.0%} of raw's {raw_small:.1f} s) and {over_large:.1f} s "
+            f"({over_large / raw_large:.0%} of {raw_large:.1f} s); a line through both: "
+            f"**{beyond['fixed_seconds']:.1f} s per run plus {beyond['share_of_raw']:.1%} of raw's time**")
+    if beyond["share_of_raw"] < 0:
+        return (text.split("; a line through both")[0] + ": less beyond raw's time at the larger size, so the "
+                "fixed costs varied by more than what grows with the items in this run; no line is drawn.")
+    within = beyond.get("items_within_target")
+    if within is None:
+        return text + f". The share alone is beyond the target ({target}): along this line no size meets it."
+    return text + (f". Along this line the target ({target}) holds from about {within:,} items (an extrapolation "
+                   "from two sizes, each as noisy as its host).")
+
+
 def _num(value: Any, digits: int = 1) -> str:
     if value is None:
         return "–"
@@ -258,6 +304,9 @@ def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "")
             "Data Docs).",
             "",
         ]
+    if case.get("flow_beyond_raw"):
+        lines += [beyond_sentence(case["flow_beyond_raw"], "The flow's time",
+                                  "flow at least 0.95x raw's output tokens/s"), ""]
     lines += [f"## {heading}Ratios at the largest size", "", "| ratio | value |", "| --- | ---: |"]
     lines += [f"| `{k}` | {_num(case[k], 3)} |" for k in RATIO_KEYS]
     lines.append("")
@@ -323,6 +372,7 @@ def render_markdown(result: dict[str, Any]) -> str:
                with_retries.get("raw_first_pass_output_tokens") else ""),
             "",
         ]
+        lines += retries_by_size(result)
         variants = with_retries.get("variants") or {}
         if len(variants) > 1:
             lines += ["The same job in one run, its retries made in several ways: in the generate task's stream "

@@ -84,6 +84,7 @@ class Config:
     pipeline_sizes: list[int] = field(default_factory=list)
     with_retries: bool = False
     retry_variants: list[str] = field(default_factory=list)
+    retry_sizes: list[int] = field(default_factory=list)  # --retry-sizes; empty: the largest size only
     flow_variants: list[str] = field(default_factory=list)  # --flow-variants, "default" first; empty: the flow as is
     repeats: int = 1
     beside_pipeline: int = 0  # items of the stand-in pipeline run beside raw vLLM (0: not measured)
@@ -143,6 +144,10 @@ def parse_args(argv: list[str] | None) -> Config:
                         help="with --with-retries: the ways of retrying to run, in this order (default: all; "
                              "in_stream, the example job's own, runs first if not named first, and gives the "
                              "headline ratio); a way named again runs again (reported as NAME_2, ...)")
+    parser.add_argument("--retry-sizes", nargs="+", metavar="ITEMS",
+                        help="with --with-retries: run the job with retries at each of these sizes (each one of "
+                             "--sizes; default the largest): how its time beyond raw's first pass grows with the "
+                             "items, a fixed part (the chains of retries at the end of a run) and a part that grows")
     parser.add_argument("--front-end", choices=("auto", "process", "here"), default="auto",
                         help="where vLLM's front end and the engine stream run, for every method (engine."
                              "front_end_process): auto (a process of its own on GPUs, the run's process on CPU "
@@ -199,6 +204,7 @@ def parse_args(argv: list[str] | None) -> Config:
                     with_retries=args.with_retries, repeats=args.repeats, beside_pipeline=args.beside_pipeline,
                     retry_variants=args.retry_variants if args.retry_variants[:1] == ["in_stream"] else
                     ["in_stream"] + args.retry_variants,
+                    retry_sizes=_int_list(args.retry_sizes) if args.retry_sizes else [],
                     flow_variants=["default"] + [v for v in dict.fromkeys(args.flow_variants) if v != "default"]
                     if args.flow_variants else [])
     if min(config.max_tokens_list) < 1:
@@ -209,6 +215,10 @@ def parse_args(argv: list[str] | None) -> Config:
         ENGINE.update(extra_args={"scheduling_policy": args.scheduling_policy})
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if set(config.retry_sizes) - set(config.sizes):
+        parser.error(f"--retry-sizes {config.retry_sizes}: each must be one of --sizes {config.sizes}")
+    if config.retry_sizes and not config.with_retries:
+        parser.error("--retry-sizes needs --with-retries")
     if args.windows_held_per_place is not None:
         if args.windows_held_per_place < 1:
             parser.error("--windows-held-per-place must be at least 1")
@@ -1181,7 +1191,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             sizes[str(n)]["raw_beside_pipeline"] = beside
             log(f"raw beside the pipeline: {beside['output_tokens_per_second']} tok/s, "
                 f"{beside['ratio_vs_raw_alone']} of raw alone (median {alone})")
-        if cfg.with_retries and n == max(cfg.sizes) and max_tokens == cfg.max_tokens:
+        if cfg.with_retries and n in (cfg.retry_sizes or [max(cfg.sizes)]) and max_tokens == cfg.max_tokens:
             try:
                 sizes[str(n)]["with_retries"] = run_with_retries(
                     cfg, engine, csvs[n], n, max_tokens, lambda: run_raw(engine, prompt_ids[:n], params, memory),
@@ -1203,8 +1213,56 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
         "pipeline_overhead_marginal": marginal_overhead(sizes),
         "ratio_job_with_retries_vs_raw_first_pass": (top.get("with_retries") or {}).get(
             "ratio_job_with_retries_vs_raw_first_pass"),
+        "flow_beyond_raw": beyond_raw(flow_points(sizes), FLOW_TARGET),
+        "with_retries_beyond_raw": beyond_raw(retry_points(sizes), RETRIES_TARGET),
     }
     return case, identical
+
+
+# The targets as the time a method may take beyond raw vLLM's, in shares of raw's: the flow at least 0.95x raw's
+# output tokens/s, the whole job with retries within 1.10x of raw's first pass.
+FLOW_TARGET, RETRIES_TARGET = round(1 / 0.95 - 1, 4), 0.10
+
+
+def flow_points(sizes: dict[str, Any]) -> list[tuple[int, float, float]]:
+    """(items, raw's time for the flow's tokens, the flow's time) at each size, from its median pair: the flow's
+    output tokens at raw vLLM's rate, since sampling gives the two somewhat different lengths (the ratio compares
+    rates too)."""
+    points = []
+    for size, entry in sizes.items():
+        flow, raw = entry["methods"]["flow"], entry["methods"]["raw_vllm"]
+        if raw["output_tokens_per_second"]:
+            points.append((int(size), flow["output_tokens"] / raw["output_tokens_per_second"], flow["wall_seconds"]))
+    return points
+
+
+def retry_points(sizes: dict[str, Any]) -> list[tuple[int, float, float]]:
+    """(items, raw's first pass, the whole job with the example's retries) at each size that ran it."""
+    return [(int(size), entry["with_retries"]["raw_first_pass_seconds"], entry["with_retries"]["job_wall_seconds"])
+            for size, entry in sizes.items() if entry.get("with_retries")]
+
+
+def beyond_raw(points: list[tuple[int, float, float]], target: float) -> dict[str, Any] | None:
+    """How a method's time beyond raw vLLM's grows with the items, from the smallest and the largest size measured
+    ((items, raw's seconds, the method's seconds) each): a line through the time beyond raw's at both, as a part
+    fixed per run and a share of raw's time. Where that share is below `target` (the most a method may take beyond
+    raw's time, as a share of it), the items at which the line comes within the target: an extrapolation, with
+    raw's time taken as growing with the items. None with fewer than two sizes, or raw no slower at the larger;
+    a share below 0 (less time beyond raw's at the larger size: the run's noise beyond what grows) gets no items."""
+    if len(points) < 2:
+        return None
+    (small, raw_small, small_s), (large, raw_large, large_s) = min(points), max(points)
+    if raw_large <= raw_small:
+        return None
+    beyond = [small_s - raw_small, large_s - raw_large]
+    share = (beyond[1] - beyond[0]) / (raw_large - raw_small)
+    fixed = beyond[0] - share * raw_small
+    within = None  # the share alone is beyond the target (the line never comes within it), or below 0 (noise)
+    if 0 <= share < target:
+        within = small if fixed <= 0 else round(large * fixed / (target - share) / raw_large)
+    return {"between_items": [small, large], "raw_seconds": [round(raw_small, 3), round(raw_large, 3)],
+            "beyond_raw_seconds": [round(b, 3) for b in beyond], "fixed_seconds": round(fixed, 3),
+            "share_of_raw": round(share, 4), "target_share": target, "items_within_target": within}
 
 
 
@@ -1292,6 +1350,7 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
             "windows_held_per_place": windows_held_per_place(),
             "add_per_step": default_add_per_step(),
             "flow_variants": {name: FLOW_VARIANTS[name][0] for name in cfg.flow_variants},
+            "retry_sizes": (cfg.retry_sizes or [max(cfg.sizes)]) if cfg.with_retries else [],
         },
         "engine": {**engine_info, "loads": engine_loads},
         "warm_up": warm,
@@ -1299,7 +1358,8 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
         **{k: headline[k] for k in ("serial_loop", "hf_static", "sizes", "largest_size", *RATIO_KEYS,
                                     "pipeline_overhead_per_item_ms", "pipeline_overhead_per_item_ms_without_report",
                                     "report_build_seconds", "pipeline_overhead_marginal",
-                                    "ratio_job_with_retries_vs_raw_first_pass")},
+                                    "ratio_job_with_retries_vs_raw_first_pass", "flow_beyond_raw",
+                                    "with_retries_beyond_raw")},
         "pipeline_items_per_s": None,
         "retry_strategies": retry,
     })

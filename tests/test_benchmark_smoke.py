@@ -22,7 +22,8 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     out = tmp_path / "results"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--repeats", "2", "--beside-pipeline",
-                           "40", "--with-retries", "--retry-variants", "in_stream",
+                           "40", "--sizes", "4", "8", "--with-retries", "--retry-sizes", "4", "8",
+                           "--retry-variants", "in_stream",
                            "continue_then_grow_ahead_in_stream", "in_stream", "to_cap_in_stream",
                            "--windows-held-per-place", "3", "--add-per-step", "5",
                            "--flow-variants", "add_all", "--out", str(out)],
@@ -99,7 +100,23 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
             v["raw_first_pass_seconds"] / v["job_wall_seconds"], rel=2e-3)
         assert v["raw_pairs_median_seconds"] == pytest.approx(statistics.median(p["raw_wall_seconds"] for p in pairs))
 
+    # --retry-sizes: the job with its retries at both sizes, each variant beside a raw call of its own; the time
+    # beyond raw's first pass split into a fixed part and a share of raw's, and the flow's the same way
+    small = result["sizes"]["4"]["with_retries"]
+    assert list(small["variants"]) == list(jobs) and small["raw_first_pass_output_tokens"] > 0
+    assert small["accepted"] + small["rejected"] == 4 and small["engine_feed"]["steps"] > 0  # a run of its own
+    assert result["config"]["retry_sizes"] == [4, 8]
+    for key, points in (("with_retries_beyond_raw", [(4, small), (8, jobs["in_stream"])]), ("flow_beyond_raw", None)):
+        line = result[key]
+        if line is None:  # raw no slower at 8 items than at 4: a CPU batches both in the same steps
+            continue
+        assert line["between_items"] == [4, 8]
+        if points:
+            assert line["beyond_raw_seconds"] == [pytest.approx(v["job_wall_seconds"] - v["raw_first_pass_seconds"],
+                                                                abs=2e-3) for _, v in points]
+
     table = (out / "latest.md").read_text(encoding="utf-8")
+    assert "By size, each job beside a raw call of its own" in table and "| 4 |" in table and "| 8 |" in table
     assert "| method |" in table and "raw vLLM" in table and "ratio_flow_vs_raw" in table
     assert "Repeats: 2 pairs" in table and "| 2 |" in table and "Raw vLLM beside the pipeline" in table
     assert "after its last output (the last windows' validation and staging" in table
@@ -249,9 +266,32 @@ def test_paired_ratios_are_the_medians_of_each_pairs_ratios():
     assert two["ratio_flow_vs_raw"] == 0.85 and two["median_pair"] == 0  # the lower of the two middle pairs
 
 
+def test_time_beyond_raw_splits_into_a_fixed_part_and_a_share_and_finds_where_the_target_holds():
+    from benchmarks.run import beyond_raw
+
+    # 2 s beyond raw's 10 s at 1,000 items, 3 s beyond 30 s at 3,000: 1.5 s per run plus 5% of raw's time, which
+    # is 10% of raw's time where raw takes 30 s
+    line = beyond_raw([(3000, 30.0, 33.0), (1000, 10.0, 12.0)], 0.10)
+    assert (line["fixed_seconds"], line["share_of_raw"], line["items_within_target"]) == (1.5, 0.05, 3000)
+    assert line["between_items"] == [1000, 3000] and line["beyond_raw_seconds"] == [2.0, 3.0]
+    # a share beyond the target never comes within it, however many items
+    assert beyond_raw([(1000, 10.0, 11.0), (3000, 30.0, 35.0)], 0.10)["items_within_target"] is None
+    # nothing fixed and a share within the target: within it from the smallest size
+    assert beyond_raw([(1000, 10.0, 10.5), (3000, 30.0, 31.5)], 0.10)["items_within_target"] == 1000
+    # less beyond raw's at the larger size (the fixed costs' noise beyond what grows): no size found
+    assert beyond_raw([(1000, 10.0, 13.0), (3000, 30.0, 32.0)], 0.10)["items_within_target"] is None
+    # one size, or raw no slower at the larger (noise): no line
+    assert beyond_raw([(1000, 10.0, 12.0)], 0.10) is None
+    assert beyond_raw([(1000, 10.0, 12.0), (3000, 9.0, 15.0)], 0.10) is None
+
+
 @pytest.mark.parametrize("argv, message", [(["--repeats", "0"], "--repeats must be at least 1"),
                                            (["--beside-pipeline", "-5"], "--beside-pipeline must be 0 (off)"),
-                                           (["--add-per-step", "0"], "--add-per-step must be at least 1")])
+                                           (["--add-per-step", "0"], "--add-per-step must be at least 1"),
+                                           (["--sizes", "100", "--with-retries", "--retry-sizes", "50", "100"],
+                                            "--retry-sizes [50, 100]: each must be one of --sizes [100]"),
+                                           (["--sizes", "100", "--retry-sizes", "100"],
+                                            "--retry-sizes needs --with-retries")])
 def test_benchmark_options_out_of_range_stop_with_exit_2_naming_the_option(argv, message, capsys):
     from benchmarks.run import parse_args
 
