@@ -77,6 +77,27 @@ def raw_steps_sentence(raw: dict[str, Any], flow_tokens: int, feed: dict[str, An
             "flow." + not_full_sentence(feed, raw))
 
 
+CPU_GROUPS = {"engine": "vLLM's engine core", "front_end": "the engine's front end", "main": "the run's process",
+              "workers": "batchgen's workers", "prefect_server": "the Prefect server", "other": "other children"}
+
+
+def cpu_sentence(raw: dict[str, Any] | None, flow: dict[str, Any] | None) -> str:
+    """What raw vLLM and the flow asked of the host's cores (benchmarks.run.cpu_use): CPU seconds by process group,
+    the engine core's involuntary context switches per second (a core taken from it while it wanted one), the
+    host's busy cores."""
+    if not raw or not flow:
+        return ""
+
+    def text(cpu: dict[str, Any]) -> str:
+        parts = ", ".join(f"{CPU_GROUPS.get(group, group)} {seconds:.1f} s"
+                          for group, seconds in cpu["cpu_seconds"].items() if seconds >= 0.05)
+        switched = cpu["involuntary_switches_per_s"].get("engine")
+        return (parts + ("" if switched is None else f" (the engine core switched out {switched:,.0f} times a "
+                         "second)") + f"; {_num(cpu['host_busy_cores'])} of the host's cores busy on average")
+
+    return f" CPU: raw vLLM {text(raw)}; the flow {text(flow)}."
+
+
 def not_full_sentence(feed: dict[str, Any], raw: dict[str, Any]) -> str:
     flow_below = steps_below(feed.get("by_held"), feed.get("capacity"))
     raw_below = steps_below(raw.get("engine_steps_by_held"), feed.get("capacity"))
@@ -282,7 +303,8 @@ def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "")
             f"(results committed in {over['engine_calls']} batch(es) of at most {config['chunk_size']}; raw vLLM: "
             "one call)." + feed_sentence(over.get("engine_feed"), over["generate_seconds"])
             + raw_steps_sentence(entry["methods"]["raw_vllm"], entry["methods"]["flow"]["output_tokens"],
-                                 over.get("engine_feed")),
+                                 over.get("engine_feed"))
+            + cpu_sentence(entry["methods"]["raw_vllm"].get("cpu"), entry["methods"]["flow"].get("cpu")),
             "",
             "Ratios (output tokens/s): " + ", ".join(f"`{k}` = {_num(entry[k], 3)}" for k in RATIO_KEYS) + ".",
             "",

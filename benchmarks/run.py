@@ -259,17 +259,54 @@ def log(message: str) -> None:
 # ---------------------------------------------------------------- memory
 
 def _group(proc: Any) -> str:
-    """engine (vLLM's engine core and workers), prefect_server, or other. Read at every sample: a spawned
-    vLLM process shows its VLLM:: title only once it has set it."""
+    """engine (vLLM's engine core and workers), front_end (batchgen's engine process: vLLM's front end and the
+    engine stream), workers (batchgen's validation and report workers), prefect_server, or other. Read at every
+    sample: a spawned vLLM process shows its VLLM:: title only once it has set it."""
     try:
         title = proc.name() + " " + " ".join(proc.cmdline())
     except Exception:
         return "other"
     if "VLLM" in title:
         return "engine"
+    if "batchgen.engine_process" in title:
+        return "front_end"
+    if "batchgen.report.worker" in title:
+        return "workers"
     if "uvicorn" in title or "prefect" in title:
         return "prefect_server"
     return "other"
+
+
+def cpu_reading(psutil: Any, proc: Any) -> dict[int, tuple[str, float, int]]:
+    """Per process of the tree (this one, "main", and its children): group, CPU seconds (user + system) and
+    involuntary context switches so far (the times the system took a core from it while it still wanted one)."""
+    reading = {}
+    for one in [proc, *proc.children(recursive=True)]:
+        try:
+            times, switches = one.cpu_times(), one.num_ctx_switches()
+            reading[one.pid] = ("main" if one.pid == proc.pid else _group(one), times.user + times.system,
+                                switches.involuntary)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return reading
+
+
+def cpu_use(before: dict[int, tuple[str, float, int]], after: dict[int, tuple[str, float, int]],
+            host_busy_percent: float, seconds: float) -> dict[str, Any]:
+    """What a method's phase asked of the host's cores: by process group, its CPU seconds and involuntary context
+    switches per second (a process started during the phase counts from 0; one that ended during it is not
+    counted), and the host's busy cores on average (every process on the machine: psutil.cpu_percent over the
+    phase)."""
+    cpu: dict[str, float] = {}
+    switched: dict[str, int] = {}
+    for pid, (group, cpu_seconds, involuntary) in after.items():
+        _, cpu_before, involuntary_before = before.get(pid, (group, 0.0, 0))
+        cpu[group] = cpu.get(group, 0.0) + max(0.0, cpu_seconds - cpu_before)
+        switched[group] = switched.get(group, 0) + max(0, involuntary - involuntary_before)
+    return {"cpu_seconds": {k: round(v, 2) for k, v in sorted(cpu.items())},
+            "involuntary_switches_per_s": {k: round(v / seconds, 1) if seconds > 0 else None
+                                           for k, v in sorted(switched.items())},
+            "host_busy_cores": round((os.cpu_count() or 1) * host_busy_percent / 100, 2)}
 
 
 class TreeMemory:
@@ -343,8 +380,12 @@ class TreeMemory:
         before = self._record()
         gpu_before = self._record_gpu() if self.gpu else None
         load_before = os.getloadavg()[0]
+        cpu_before, started = cpu_reading(self._psutil, self._proc), time.perf_counter()
+        self._psutil.cpu_percent(None)  # the host's busy share counts from here (the next call's)
         record: dict[str, Any] = {}
         yield record
+        record["cpu"] = cpu_use(cpu_before, cpu_reading(self._psutil, self._proc), self._psutil.cpu_percent(None),
+                                time.perf_counter() - started)
         self._record()
         if self.gpu:
             self._record_gpu()
@@ -904,6 +945,8 @@ def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_token
             "generate_seconds": run["manifest"]["timings_seconds"]["generate"],
             "engine_feed": rounded(run["engine_feed"]),
             "raw_engine_steps_by_held": raw.get("engine_steps_by_held"),
+            # what each asked of the host's cores (TreeMemory.phase: by process group)
+            "cpu": flow.get("cpu"), "raw_cpu": raw.get("cpu"),
             # the fixed cost around the engine's span (with retries: after the last chain's last output)
             "around_engine": run["around_engine"]}
     return {**variants["in_stream"], "variants": variants}

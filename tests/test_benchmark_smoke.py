@@ -48,6 +48,9 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
         for field in ("output_tokens_per_second", "items_per_second", "wall_seconds", "peak_rss_mb",
                       "time_to_first_result_seconds"):
             assert figures[field] is not None and figures[field] > 0, (name, field, figures[field])
+    for name in ("flow", "raw_vllm"):  # what each asked of the host's cores, by process group
+        cpu = methods[name]["cpu"]
+        assert cpu["cpu_seconds"]["main"] > 0 and cpu["host_busy_cores"] > 0, (name, cpu)
     assert set(result["retry_strategies"]["strategies"]) == {"grow", "continue", "continue_then_grow"}
     raw = methods["raw_vllm"]  # its engine's steps, counted inside LLM.generate: its pace per step beside the flow's
     assert raw["engine_steps"] >= raw["output_tokens"] / 8 and raw["engine_step_seconds"] > 0  # 8 sequences a step
@@ -93,6 +96,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     for v in jobs.values():
         assert v["around_engine"]["after_last_output"] > 0  # each generated anew (its own output folder)
         assert v["engine_feed"]["steps"] > 0
+        assert v["cpu"]["cpu_seconds"]["main"] > 0 and v["raw_cpu"]["cpu_seconds"]["main"] > 0
         # the engine's steps by requests held, the job's and its raw call's, adding up to their steps
         assert sum(c["steps"] for c in v["engine_feed"]["by_held"].values()) == v["engine_feed"]["steps"]
         assert sum(c["steps"] for c in v["raw_engine_steps_by_held"].values()) > 0
@@ -116,6 +120,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
                                                                 abs=2e-3) for _, v in points]
 
     table = (out / "latest.md").read_text(encoding="utf-8")
+    assert "CPU: raw vLLM the run's process" in table
     assert "By size, each job beside a raw call of its own" in table and "| 4 |" in table and "| 8 |" in table
     assert "| method |" in table and "raw vLLM" in table and "ratio_flow_vs_raw" in table
     assert "Repeats: 2 pairs" in table and "| 2 |" in table and "Raw vLLM beside the pipeline" in table
@@ -283,6 +288,17 @@ def test_time_beyond_raw_splits_into_a_fixed_part_and_a_share_and_finds_where_th
     # one size, or raw no slower at the larger (noise): no line
     assert beyond_raw([(1000, 10.0, 12.0)], 0.10) is None
     assert beyond_raw([(1000, 10.0, 12.0), (3000, 9.0, 15.0)], 0.10) is None
+
+
+def test_cpu_use_counts_each_group_from_the_phases_start_and_a_process_started_in_it_from_zero():
+    from benchmarks.run import cpu_use
+
+    before = {1: ("main", 10.0, 5), 2: ("engine", 100.0, 40)}
+    after = {1: ("main", 12.5, 9), 2: ("engine", 104.0, 240), 3: ("workers", 1.5, 2)}  # 3 started meanwhile
+    got = cpu_use(before, after, host_busy_percent=25.0, seconds=2.0)
+    assert got["cpu_seconds"] == {"engine": 4.0, "main": 2.5, "workers": 1.5}
+    assert got["involuntary_switches_per_s"] == {"engine": 100.0, "main": 2.0, "workers": 1.0}
+    assert got["host_busy_cores"] == pytest.approx((os.cpu_count() or 1) / 4)
 
 
 @pytest.mark.parametrize("argv, message", [(["--repeats", "0"], "--repeats must be at least 1"),
