@@ -140,13 +140,14 @@ def beyond_sentence(beyond: dict[str, Any], what: str, target: str) -> str:
     (benchmarks.run.beyond_raw), and the size from which that line meets the target."""
     (small, large), (raw_small, raw_large) = beyond["between_items"], beyond["raw_seconds"]
     over_small, over_large = beyond["beyond_raw_seconds"]
-    text = (f"{what} beyond raw vLLM's, from {small:,} to {large:,} items: {over_small:.1f} s "
-            f"({over_small / raw_small:.0%} of raw's {raw_small:.1f} s) and {over_large:.1f} s "
-            f"({over_large / raw_large:.0%} of {raw_large:.1f} s); a line through both: "
-            f"**{beyond['fixed_seconds']:.1f} s per run plus {beyond['share_of_raw']:.1%} of raw's time**")
+    measured = (f"{what} beyond raw vLLM's, from {small:,} to {large:,} items: {over_small:.1f} s "
+                f"({over_small / raw_small:.0%} of raw's {raw_small:.1f} s) and {over_large:.1f} s "
+                f"({over_large / raw_large:.0%} of {raw_large:.1f} s)")
     if beyond["share_of_raw"] < 0:
-        return (text.split("; a line through both")[0] + ": less beyond raw's time at the larger size, so the "
-                "fixed costs varied by more than what grows with the items in this run; no line is drawn.")
+        return (measured + ": less beyond raw's time at the larger size, so the fixed costs varied by more than "
+                "what grows with the items in this run; no line is drawn.")
+    text = (measured + f"; a line through both: **{beyond['fixed_seconds']:.1f} s per run plus "
+            f"{beyond['share_of_raw']:.1%} of raw's time**")
     within = beyond.get("items_within_target")
     if within is None:
         return text + f". The share alone is beyond the target ({target}): along this line no size meets it."
