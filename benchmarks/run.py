@@ -283,12 +283,27 @@ def cpu_reading(psutil: Any, proc: Any) -> dict[int, tuple[str, float, int]]:
     reading = {}
     for one in [proc, *proc.children(recursive=True)]:
         try:
-            times, switches = one.cpu_times(), one.num_ctx_switches()
+            times = one.cpu_times()
             reading[one.pid] = ("main" if one.pid == proc.pid else _group(one), times.user + times.system,
-                                switches.involuntary)
+                                involuntary_switches(one))
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return reading
+
+
+def involuntary_switches(proc: Any) -> int:
+    """A process's involuntary context switches over all its threads: Linux counts them per thread
+    (/proc/PID/task/TID/status), and psutil's num_ctx_switches reads the main thread's alone; psutil's where
+    there is no /proc. A thread that has ended takes its count with it."""
+    total, found = 0, False
+    for status in Path(f"/proc/{proc.pid}/task").glob("*/status"):
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("nonvoluntary_ctxt_switches:"):
+                    total, found = total + int(line.split()[1]), True
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return total if found else proc.num_ctx_switches().involuntary
 
 
 def cpu_use(before: dict[int, tuple[str, float, int]], after: dict[int, tuple[str, float, int]],

@@ -301,6 +301,36 @@ def test_cpu_use_counts_each_group_from_the_phases_start_and_a_process_started_i
     assert got["host_busy_cores"] == pytest.approx((os.cpu_count() or 1) / 4)
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads' counters are read from Linux's /proc")
+def test_involuntary_switches_count_every_thread_not_the_main_one_alone():
+    import hashlib
+    import threading
+    import time
+
+    import psutil
+
+    from benchmarks.run import involuntary_switches
+
+    stop = threading.Event()
+
+    def spin() -> None:  # more busy threads than cores (hashing a large buffer releases the interpreter's lock,
+        data = bytes(1 << 20)  # so they all run at once): the system takes cores from them
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    threads = [threading.Thread(target=spin) for _ in range(2 * (os.cpu_count() or 1) + 2)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.0)
+        me = psutil.Process()
+        assert involuntary_switches(me) > me.num_ctx_switches().involuntary  # the main thread's alone
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+
 @pytest.mark.parametrize("argv, message", [(["--repeats", "0"], "--repeats must be at least 1"),
                                            (["--beside-pipeline", "-5"], "--beside-pipeline must be 0 (off)"),
                                            (["--add-per-step", "0"], "--add-per-step must be at least 1"),
