@@ -147,7 +147,8 @@ def parse_args(argv: list[str] | None) -> Config:
     parser.add_argument("--retry-sizes", nargs="+", metavar="ITEMS",
                         help="with --with-retries: run the job with retries at each of these sizes (each one of "
                              "--sizes; default the largest): how its time beyond raw's first pass grows with the "
-                             "items, a fixed part (the chains of retries at the end of a run) and a part that grows")
+                             "items, a fixed part (the chains of retries at the end of a run) and a part that grows; "
+                             "the example's own way (in_stream) at each, every --retry-variants at the largest")
     parser.add_argument("--front-end", choices=("auto", "process", "here"), default="auto",
                         help="where vLLM's front end and the engine stream run, for every method (engine."
                              "front_end_process): auto (a process of its own on GPUs, the run's process on CPU "
@@ -910,7 +911,7 @@ def example_retry() -> dict[str, Any]:
 
 def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_tokens: int,
                      run_raw_now: Callable[[], dict[str, Any]], raw_median_seconds: float | None,
-                     memory: TreeMemory) -> dict[str, Any]:
+                     memory: TreeMemory, variants_here: list[str] | None = None) -> dict[str, Any]:
     """The whole job with the example job's retries on (first pass, retries, validation, publish), against raw
     vLLM's first pass alone (one LLM.generate call, retries off): the target is a ratio of at least 1/1.10. The
     example job's settings give the top-level figures; `variants` has each of RETRY_VARIANTS, in one run.
@@ -918,11 +919,12 @@ def run_with_retries(cfg: Config, engine: Any, products: Path, n: int, max_token
     Each variant is paired with a raw call of its own, right before it (even variants) or right after it (odd
     ones): on a shared host raw vLLM's own pace moved by half within minutes (H200, 22.6 s to 35.0 s for the same
     call), so a job compared with a raw call made minutes earlier measures the host, not the job.
-    `raw_median_seconds` (the pairs' median raw call) is kept beside it for reference."""
+    `raw_median_seconds` (the pairs' median raw call) is kept beside it for reference. `variants_here`: the
+    variants to run at this size (default: every one of cfg.retry_variants)."""
     example = example_retry()
     variants: dict[str, Any] = {}
     runs: Counter[str] = Counter()
-    for index, name in enumerate(cfg.retry_variants or list(RETRY_VARIANTS)):
+    for index, name in enumerate(variants_here or cfg.retry_variants or list(RETRY_VARIANTS)):
         retry = {**example, **RETRY_VARIANTS[name]}
         runs[name] += 1
         key = name if runs[name] == 1 else f"{name}_{runs[name]}"  # a way named again: its runs side by side
@@ -1251,9 +1253,12 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
                 f"{beside['ratio_vs_raw_alone']} of raw alone (median {alone})")
         if cfg.with_retries and n in (cfg.retry_sizes or [max(cfg.sizes)]) and max_tokens == cfg.max_tokens:
             try:
+                # every retry variant at the largest size; the example's own way alone at the others (the line
+                # through the sizes is drawn for it)
                 sizes[str(n)]["with_retries"] = run_with_retries(
                     cfg, engine, csvs[n], n, max_tokens, lambda: run_raw(engine, prompt_ids[:n], params, memory),
-                    statistics.median(p["raw_wall_seconds"] for p in spread["pairs"]), memory)
+                    statistics.median(p["raw_wall_seconds"] for p in spread["pairs"]), memory,
+                    None if n == max(cfg.sizes) else ["in_stream"])
             except Exception as exc:  # noqa: BLE001 - the other figures of the run still count
                 log(f"WARNING: the run with retries failed: {exc!r}")
                 sizes[str(n)]["with_retries_error"] = repr(exc)
