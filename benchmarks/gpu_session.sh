@@ -67,7 +67,7 @@
 #              2,000 items x 128 tokens
 #   profile16  the `here`-sized comparison at 16 tokens only, under py-spy (every process of the run, each thread,
 #              100 samples/s, collapsed stacks into $LOGS/profile16.txt: where the flow's and the engine front end's
-#              time goes); needs py-spy on PATH (PYSPY=/path/to/py-spy)
+#              time goes); py-spy from PATH, else the payload's /tmp/site/bin/py-spy (PYSPY=/path/to/py-spy)
 #   pipeline   benchmarks.pipeline_only 20000: the flow with the engine stood in (the host's cost, not the GPU's;
 #              about 2 minutes more, so not by default)
 #   floor      benchmarks.pipeline_floor on 20,000 items, windows of 2,048 and 8,192: what the tokenizer and
@@ -144,7 +144,8 @@ step here 420 "$PY" -m benchmarks.run --front-end here --sizes 10000 --max-token
 step run_batch 540 "$PY" -m benchmarks.run_batch_compare --items 10000 --max-tokens 80 --out "$RES/run-batch"
 step run_batch_retries 560 "$PY" -m benchmarks.run_batch_compare --items 10000 --max-tokens 80 --retries \
   --out "$RES/run-batch"
-step profile16 300 "${PYSPY:-py-spy}" record --subprocesses --threads --rate 100 --format raw \
+PYSPY=${PYSPY:-$(command -v py-spy || echo /tmp/site/bin/py-spy)}
+step profile16 300 "$PYSPY" record --subprocesses --threads --rate 100 --format raw \
   --output "$LOGS/profile16.txt" -- "$PY" -m benchmarks.run --sizes 10000 --max-tokens 16 --hf-items 8 \
   --serial-items 4 --retry-items 8 --out "$RES/profile16"
 step big_model 240 "$PY" -m benchmarks.big_model --items 2000 --max-tokens 128 --out "$RES"
