@@ -70,7 +70,9 @@ def raw_steps_sentence(raw: dict[str, Any], flow_tokens: int, feed: dict[str, An
     """Raw vLLM's engine steps beside the flow's (its stream's feed counters): seconds and output tokens per step."""
     if not raw.get("engine_steps") or not feed or not feed.get("steps"):
         return ""
-    return (f" Raw vLLM stepped its engine {raw['engine_steps']:,} times in {raw['engine_step_seconds']:.1f} s: "
+    return (f" Raw vLLM stepped its engine {raw['engine_steps']:,} times in {raw['engine_step_seconds']:.1f} s of its "
+            f"{raw['wall_seconds']:.1f} s call (its first step comes once all its requests are added, while the "
+            "engine core already works on them, so its early steps drain outputs made meanwhile): "
             f"{1000 * raw['engine_step_seconds'] / raw['engine_steps']:.1f} ms and "
             f"{raw['output_tokens'] / raw['engine_steps']:,.0f} output tokens per step, against "
             f"{1000 * feed['busy_seconds'] / feed['steps']:.1f} ms and {flow_tokens / feed['steps']:,.0f} in the "
