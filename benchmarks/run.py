@@ -94,6 +94,12 @@ class Config:
     def max_tokens(self) -> int:
         return self.max_tokens_list[0]
 
+    @property
+    def sizes_with_retries(self) -> list[int]:
+        """The sizes at which the job runs with its retries: --retry-sizes, else the largest; none without
+        --with-retries."""
+        return (self.retry_sizes or [max(self.sizes)]) if self.with_retries else []
+
 
 # Sizes that keep a full run under 30 minutes on a 2-core CPU (~0.75 s of engine time per item at
 # max_tokens 64); `--sizes 2000 --max-tokens 16` is the large-size check (benchmarks/results/scale-2000/).
@@ -1251,7 +1257,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             sizes[str(n)]["raw_beside_pipeline"] = beside
             log(f"raw beside the pipeline: {beside['output_tokens_per_second']} tok/s, "
                 f"{beside['ratio_vs_raw_alone']} of raw alone (median {alone})")
-        if cfg.with_retries and n in (cfg.retry_sizes or [max(cfg.sizes)]) and max_tokens == cfg.max_tokens:
+        if n in cfg.sizes_with_retries and max_tokens == cfg.max_tokens:
             try:
                 # every retry variant at the largest size; the example's own way alone at the others (the line
                 # through the sizes is drawn for it)
@@ -1413,7 +1419,7 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
             "windows_held_per_place": windows_held_per_place(),
             "add_per_step": default_add_per_step(),
             "flow_variants": {name: FLOW_VARIANTS[name][0] for name in cfg.flow_variants},
-            "retry_sizes": (cfg.retry_sizes or [max(cfg.sizes)]) if cfg.with_retries else [],
+            "retry_sizes": cfg.sizes_with_retries,
         },
         "engine": {**engine_info, "loads": engine_loads},
         "warm_up": warm,

@@ -104,8 +104,9 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
             v["raw_first_pass_seconds"] / v["job_wall_seconds"], rel=2e-3)
         assert v["raw_pairs_median_seconds"] == pytest.approx(statistics.median(p["raw_wall_seconds"] for p in pairs))
 
-    # --retry-sizes: the job with its retries at both sizes, each variant beside a raw call of its own; the time
-    # beyond raw's first pass split into a fixed part and a share of raw's, and the flow's the same way
+    # --retry-sizes: the job with its retries at both sizes (the example's own way alone at the smaller), each
+    # beside a raw call of its own; the time beyond raw's first pass split into a fixed part and a share of raw's,
+    # and the flow's the same way
     small = result["sizes"]["4"]["with_retries"]
     assert list(small["variants"]) == ["in_stream"] and small["raw_first_pass_output_tokens"] > 0  # the example's
     assert small["accepted"] + small["rejected"] == 4 and small["engine_feed"]["steps"] > 0  # a run of its own
