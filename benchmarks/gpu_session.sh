@@ -57,6 +57,11 @@
 #              VARIANTS=add_all REPEATS=3 fits the same time; VARIANTS=full_to_end: the last windows full size,
 #              not ramped down (5-24% longer on an H100: benchmarks/results/gpu-h100/lease-2026-12-06b/); with a
 #              cold compile cache REPEATS=3 needs a call of its own (343 s warm)
+#   variants16 at 16 tokens, retries off, on $SIZES (default 10000), $REPEATS16 repeats (default 3) of raw vLLM and
+#              the flow as it is and in each of $VARIANTS (default "own_cores tok4": vLLM's engine core and batchgen's
+#              front end on physical cores of their own; the prompts tokenized in at most 4 slices), into
+#              $RES/variants16: whether the flow's work on the host's cores slows the engine (each method's CPU
+#              figures by process group beside); about 4 minutes at 10,000 items with the compile cache warm
 #   here       the same comparison at 80 and 16 tokens (HF, the loop and the retry runs on a few items only) with
 #              vLLM's front end in the run's process (--front-end here), into $RES/front-end-here: the pair of `run`
 #   run_batch  benchmarks.run_batch_compare: `vllm run-batch` against `batchgen run`, each a fresh process, on the
@@ -139,6 +144,9 @@ step paired80_fcfs 540 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --r
 step variants80 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-2}" \
   --flow-variants ${VARIANTS:-add_all held8} --hf-items 8 --hf-batch-size 8 --serial-items 8 --retry-items 8 \
   ${RUN_EXTRA:-} --out "$RES/variants80"
+step variants16 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes ${SIZES:-10000} --max-tokens 16 \
+  --repeats "${REPEATS16:-3}" --flow-variants ${VARIANTS:-own_cores tok4} --hf-items 8 --hf-batch-size 8 \
+  --serial-items 8 --retry-items 8 ${RUN_EXTRA:-} --out "$RES/variants16"
 step here 420 "$PY" -m benchmarks.run --front-end here --sizes 10000 --max-tokens 80 16 --hf-items 8 \
   --serial-items 4 --retry-items 8 --out "$RES/front-end-here"
 step run_batch 540 "$PY" -m benchmarks.run_batch_compare --items 10000 --max-tokens 80 --out "$RES/run-batch"
@@ -168,6 +176,8 @@ if [ "$LOGS" != "$RES" ]; then
     [[ $STEPS == *" paired80_fcfs "* && -f "$RES/fcfs/$name" ]] && cp "$RES/fcfs/$name" "$LOGS/fcfs-$name"
     [[ $STEPS == *" variants80 "* && -f "$RES/variants80/$name" ]] &&
       cp "$RES/variants80/$name" "$LOGS/variants80-$name"
+    [[ $STEPS == *" variants16 "* && -f "$RES/variants16/$name" ]] &&
+      cp "$RES/variants16/$name" "$LOGS/variants16-$name"
     [[ $STEPS == *" floor "* && -f "$RES/pipeline-floor/$name" ]] && cp "$RES/pipeline-floor/$name" "$LOGS/floor-$name"
   done
   [[ $STEPS == *" run_batch "* && -f "$RES/run-batch/run_batch.json" ]] && cp "$RES/run-batch/run_batch.json" "$LOGS/"

@@ -807,7 +807,13 @@ FLOW_VARIANTS: dict[str, tuple[dict[str, int | bool], str]] = {
     "held1": ({"windows_held_per_place": 1}, "it holds 1 window per place"),
     "full_to_end": ({"ramp_down": False}, "its last windows full size, not ramped down "
                                           "(flows.batch_generation.RAMP_DOWN)"),
+    "own_cores": ({"own_cores": True}, "vLLM's engine core on physical cores of its own (ENGINE_CORES), batchgen's "
+                                       "engine front end on others (FRONT_END_CORES), every other process of the "
+                                       "run on the rest (the CPU affinity of each thread; as it was after)"),
+    "tok4": ({"tokenize_threads": 4}, "its prompts tokenized in at most 4 slices side by side, not one per core "
+                                      "(batchgen.prompts.tokenize_threads)"),
 }
+ENGINE_CORES, FRONT_END_CORES = 2, 1  # physical cores, each with its thread siblings, for --flow-variants own_cores
 
 
 def set_add_per_step(engine: Any, add_per_step: int) -> int:
@@ -825,11 +831,20 @@ def flow_variant(engine: Any, name: str) -> Iterator[None]:
     """The flow under FLOW_VARIANTS[name] for the block, its own settings again after."""
     import flows.batch_generation as flow_module
 
+    import batchgen.prompts as prompts_module
+
     settings = FLOW_VARIANTS[name][0]
     held = (flow_module.WINDOWS_HELD_PER_PLACE, flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES)
     ramp_down = flow_module.RAMP_DOWN
+    tokenize_threads = prompts_module.tokenize_threads
     added = None
+    pinned: dict[int, set[int]] = {}
     try:
+        if "own_cores" in settings:
+            pinned = pin_engine_cores()
+        if "tokenize_threads" in settings:
+            cap = int(settings["tokenize_threads"])
+            prompts_module.tokenize_threads = lambda: min(tokenize_threads(), cap)
         if "ramp_down" in settings:
             flow_module.RAMP_DOWN = settings["ramp_down"]
         if "windows_held_per_place" in settings:
@@ -841,8 +856,95 @@ def flow_variant(engine: Any, name: str) -> Iterator[None]:
     finally:
         flow_module.WINDOWS_HELD_PER_PLACE, flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES = held
         flow_module.RAMP_DOWN = ramp_down
+        prompts_module.tokenize_threads = tokenize_threads
         if added is not None:
             set_add_per_step(engine, added)
+        restore_affinity(pinned)
+
+
+def thread_siblings(cpu: int) -> set[int]:
+    """The logical CPUs on `cpu`'s physical core, `cpu` among them (/sys's topology; `cpu` alone where it says
+    nothing)."""
+    try:
+        text = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+        return {cpu} | {c for part in text.split(",") for c in _cpu_range(part)}
+    except (OSError, ValueError):
+        return {cpu}
+
+
+def _cpu_range(part: str) -> range:
+    first, _, last = part.partition("-")
+    return range(int(first), int(last or first) + 1)
+
+
+def physical_cores(cpus: set[int], siblings: Callable[[int], set[int]] = thread_siblings) -> list[list[int]]:
+    """`cpus` grouped by physical core (each logical CPU with its thread siblings among `cpus`), in order."""
+    groups: list[list[int]] = []
+    seen: set[int] = set()
+    for cpu in sorted(cpus):
+        if cpu not in seen:
+            group = sorted((siblings(cpu) | {cpu}) & cpus)
+            seen.update(group)
+            groups.append(group)
+    return groups
+
+
+def core_plan(cpus: set[int], engine_cores: int = ENGINE_CORES, front_end_cores: int = FRONT_END_CORES,
+              siblings: Callable[[int], set[int]] = thread_siblings) -> dict[str, set[int]] | None:
+    """Which logical CPUs each group gets under --flow-variants own_cores: the engine core's physical cores first,
+    then the front end's, the rest to every other process; None where fewer than two physical cores would be left
+    to the rest."""
+    cores = physical_cores(cpus, siblings)
+    if len(cores) < engine_cores + front_end_cores + 2:
+        return None
+    engine, front_end = cores[:engine_cores], cores[engine_cores:engine_cores + front_end_cores]
+    rest = cores[engine_cores + front_end_cores:]
+    return {"engine": {c for core in engine for c in core}, "front_end": {c for core in front_end for c in core},
+            "rest": {c for core in rest for c in core}}
+
+
+def pin_engine_cores() -> dict[int, set[int]]:
+    """Every thread of this process's tree on the CPUs of its group in core_plan (vLLM's engine core, batchgen's
+    engine front end, the rest); returns each thread's CPUs before, for restore_affinity. Threads and processes
+    started later inherit their parent's. Nothing where the plan is None."""
+    import psutil
+
+    me = psutil.Process()
+    plan = core_plan(set(os.sched_getaffinity(0)))
+    if plan is None:
+        log("own_cores: too few physical cores to give the engine its own; the flow runs as it is")
+        return {}
+    before: dict[int, set[int]] = {}
+    for proc in [me, *me.children(recursive=True)]:
+        group = "rest" if proc.pid == me.pid else _group(proc)
+        cpus = plan.get(group, plan["rest"])
+        for task in Path(f"/proc/{proc.pid}/task").glob("*"):
+            try:
+                tid = int(task.name)
+                before.setdefault(tid, set(os.sched_getaffinity(tid)))
+                os.sched_setaffinity(tid, cpus)
+            except (OSError, ValueError):  # a thread that ended meanwhile
+                continue
+    log("own_cores: " + ", ".join(f"{name} on CPUs {sorted(cpus)}" for name, cpus in plan.items()))
+    return before
+
+
+def restore_affinity(before: dict[int, set[int]]) -> None:
+    """Each thread pinned by pin_engine_cores back on its CPUs before (threads started since: on every CPU this
+    process had before, from its own main thread's)."""
+    if not before:
+        return
+    import psutil
+
+    me = psutil.Process()
+    every = before.get(me.pid, set(range(os.cpu_count() or 1)))
+    for proc in [me, *me.children(recursive=True)]:
+        for task in Path(f"/proc/{proc.pid}/task").glob("*"):
+            try:
+                tid = int(task.name)
+                os.sched_setaffinity(tid, before.get(tid, every))
+            except (OSError, ValueError):
+                continue
 
 
 def variant_ratios(pairs: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]:
@@ -865,6 +967,7 @@ def variant_ratios(pairs: list[dict[str, Any]], variants: list[str]) -> dict[str
                 "engine_full_share": None if feed.get("full_share") is None else round(feed["full_share"], 3),
                 # above 1: this variant's flow was faster than the default flow of the same repeat
                 "ratio_vs_default_flow": ratio(default["flow"]["wall_seconds"], run["flow"]["wall_seconds"]),
+                "cpu": run["flow"].get("cpu"), "raw_cpu": raw.get("cpu"),
             })
         result[name] = {"settings": FLOW_VARIANTS[name][0], "pairs": rows,
                         **medians(rows, ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_vs_default_flow"))}

@@ -8,6 +8,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -378,6 +379,43 @@ def test_a_flow_variant_holds_for_its_block_only_and_the_flow_settings_come_back
     assert parse_args(["--flow-variants", "held8", "add_all", "held8"]).flow_variants == ["default", "held8", "add_all"]
     assert parse_args(["--flow-variants", "add_all", "default"]).flow_variants == ["default", "add_all"]
     assert parse_args([]).flow_variants == []
+
+
+def test_own_cores_gives_the_engine_whole_physical_cores_and_leaves_the_rest_to_the_run():
+    """--flow-variants own_cores on a 16-CPU host of 8 cores with two threads each (CPU i beside i + 8): the engine
+    core takes 2 physical cores, the front end 1, everything else the other 5; too few cores: no plan."""
+    from benchmarks.run import core_plan, physical_cores
+
+    smt = lambda cpu: {cpu % 8, cpu % 8 + 8}  # noqa: E731
+    assert physical_cores(set(range(16)), smt)[:3] == [[0, 8], [1, 9], [2, 10]]
+    plan = core_plan(set(range(16)), siblings=smt)
+    assert plan == {"engine": {0, 8, 1, 9}, "front_end": {2, 10}, "rest": {3, 4, 5, 6, 7, 11, 12, 13, 14, 15}}
+    # a process allowed CPUs 4-11 only: one thread of 8 physical cores, nothing outside what it may use
+    assert core_plan(set(range(4, 12)), siblings=smt) == {"engine": {4, 5}, "front_end": {6}, "rest": {7, 8, 9, 10, 11}}
+    assert core_plan({0, 1, 2, 8, 9, 10}, siblings=smt) is None  # 3 physical cores: none left to the run
+    assert core_plan({0, 1}, siblings=lambda cpu: {cpu}) is None  # this machine's kind: 2 cores
+    assert core_plan(set(range(6)), siblings=lambda cpu: {cpu}) == {"engine": {0, 1}, "front_end": {2},
+                                                                   "rest": {3, 4, 5}}
+
+
+def test_flow_variant_own_cores_pins_each_thread_and_puts_it_back(monkeypatch):
+    """own_cores sets every thread of the run's process on its group's CPUs for the block and back after; tok4
+    caps the tokenizer's slices for the block."""
+    import batchgen.prompts as prompts_module
+    import benchmarks.run as run_module
+
+    calls: dict[int, set[int]] = {}
+    monkeypatch.setattr(run_module, "core_plan", lambda cpus: {"engine": {0}, "front_end": {1}, "rest": {2, 3}})
+    monkeypatch.setattr(run_module.os, "sched_getaffinity", lambda tid: {0, 1, 2, 3})
+    monkeypatch.setattr(run_module.os, "sched_setaffinity", lambda tid, cpus: calls.__setitem__(tid, set(cpus)))
+    with run_module.flow_variant(None, "own_cores"):
+        assert calls and all(cpus == {2, 3} for cpus in calls.values())  # this process: the rest
+        assert os.getpid() in calls and threading.get_native_id() in calls
+    assert all(cpus == {0, 1, 2, 3} for cpus in calls.values())
+    cores = prompts_module.tokenize_threads()
+    with run_module.flow_variant(None, "tok4"):
+        assert prompts_module.tokenize_threads() == min(cores, 4)
+    assert prompts_module.tokenize_threads() == cores
 
 
 def test_each_flow_variant_is_compared_with_its_own_repeats_raw_call_and_default_flow():
