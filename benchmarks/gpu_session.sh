@@ -58,10 +58,12 @@
 #              not ramped down (5-24% longer on an H100: benchmarks/results/gpu-h100/lease-2026-12-06b/); with a
 #              cold compile cache REPEATS=3 needs a call of its own (343 s warm)
 #   variants16 at 16 tokens, retries off, on $SIZES (default 10000), $REPEATS16 repeats (default 3) of raw vLLM and
-#              the flow as it is and in each of $VARIANTS (default "own_cores tok4": vLLM's engine core and batchgen's
-#              front end on physical cores of their own; the prompts tokenized in at most 4 slices), into
-#              $RES/variants16: whether the flow's work on the host's cores slows the engine (each method's CPU
-#              figures by process group beside); about 4 minutes at 10,000 items with the compile cache warm
+#              the flow as it is and in each of $VARIANTS (default "engine_apart own_cores": vLLM's engine core on the
+#              host's last 2 cores, everything else on the rest; the engine core on the first 2 and batchgen's front
+#              end on the third; "tok4": the prompts tokenized in at most 4 slices), into $RES/variants16: whether the
+#              flow's work on the host's cores slows the engine (each method's CPU figures by process group beside);
+#              about 6.5 minutes at 10,000 items on a slow H100 host; SIZES=60000 REPEATS16=1 VARIANTS=own_cores:
+#              about 5 (benchmarks/results/gpu-h100/lease-2026-12-06e/)
 #   here       the same comparison at 80 and 16 tokens (HF, the loop and the retry runs on a few items only) with
 #              vLLM's front end in the run's process (--front-end here), into $RES/front-end-here: the pair of `run`
 #   run_batch  benchmarks.run_batch_compare: `vllm run-batch` against `batchgen run`, each a fresh process, on the
@@ -145,7 +147,7 @@ step variants80 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes 10000 --max-t
   --flow-variants ${VARIANTS:-add_all held8} --hf-items 8 --hf-batch-size 8 --serial-items 8 --retry-items 8 \
   ${RUN_EXTRA:-} --out "$RES/variants80"
 step variants16 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes ${SIZES:-10000} --max-tokens 16 \
-  --repeats "${REPEATS16:-3}" --flow-variants ${VARIANTS:-own_cores tok4} --hf-items 8 --hf-batch-size 8 \
+  --repeats "${REPEATS16:-3}" --flow-variants ${VARIANTS:-engine_apart own_cores} --hf-items 8 --hf-batch-size 8 \
   --serial-items 8 --retry-items 8 ${RUN_EXTRA:-} --out "$RES/variants16"
 step here 420 "$PY" -m benchmarks.run --front-end here --sizes 10000 --max-tokens 80 16 --hf-items 8 \
   --serial-items 4 --retry-items 8 --out "$RES/front-end-here"

@@ -347,6 +347,8 @@ class TreeMemory:
         self._lock = threading.Lock()
         self._peak_total = 0
         self._peak_groups: dict[str, int] = {}
+        self._procs: dict[int, Any] = {}  # pid -> psutil.Process, kept between samples
+        self._groups: dict[int, str] = {}  # pid -> its group, once it is not "other"
         self.gpu, self._gpu_interval, self._gpu_next = gpu, gpu_interval, 0.0
         self._peak_gpu: float | None = None
         self._gpu_total: float | None = None
@@ -356,14 +358,48 @@ class TreeMemory:
 
     def sample(self) -> dict[str, int]:
         groups = {"main": self._proc.memory_info().rss}
-        for child in self._proc.children(recursive=True):
+        for child in self._children():
             try:
                 rss = child.memory_info().rss
             except (self._psutil.NoSuchProcess, self._psutil.AccessDenied):
                 continue
-            name = _group(child)
+            name = self._groups.get(child.pid) or _group(child)
+            if name != "other":  # known for good; "other" is read again (a vLLM process sets its title late)
+                self._groups[child.pid] = name
             groups[name] = groups.get(name, 0) + rss
         return groups
+
+    def _children(self) -> list[Any]:
+        """This process's descendants, from /proc/PID/task/TID/children, which lists this tree alone: psutil's
+        children(recursive=True) reads every process on the machine, 5 ms a sample on a GPU host (py-spy: 11 s of
+        the run process's CPU over a benchmark run, the interpreter's lock with it, beside the flow's threads);
+        psutil's where /proc does not list children."""
+        pids: list[int] = []
+        todo = [self._proc.pid]
+        try:
+            while todo:
+                pid = todo.pop()
+                for children in Path(f"/proc/{pid}/task").glob("*/children"):
+                    try:
+                        found = [int(x) for x in children.read_text().split()]
+                    except OSError:  # a thread that ended meanwhile
+                        continue
+                    pids.extend(found)
+                    todo.extend(found)
+        except OSError:
+            pids = []
+        if not pids and not Path(f"/proc/{self._proc.pid}/task/{self._proc.pid}/children").exists():
+            return self._proc.children(recursive=True)
+        procs = []
+        for pid in dict.fromkeys(pids):
+            proc = self._procs.get(pid)
+            if proc is None:
+                try:
+                    proc = self._procs[pid] = self._psutil.Process(pid)
+                except self._psutil.Error:  # ended meanwhile
+                    continue
+            procs.append(proc)
+        return procs
 
     def _record(self) -> dict[str, int]:
         groups = self.sample()
@@ -807,13 +843,15 @@ FLOW_VARIANTS: dict[str, tuple[dict[str, int | bool], str]] = {
     "held1": ({"windows_held_per_place": 1}, "it holds 1 window per place"),
     "full_to_end": ({"ramp_down": False}, "its last windows full size, not ramped down "
                                           "(flows.batch_generation.RAMP_DOWN)"),
-    "own_cores": ({"own_cores": True}, "vLLM's engine core on physical cores of its own (ENGINE_CORES), batchgen's "
-                                       "engine front end on others (FRONT_END_CORES), every other process of the "
-                                       "run on the rest (the CPU affinity of each thread; as it was after)"),
+    "own_cores": ({"engine_cores": 2, "front_end_cores": 1},
+                  "vLLM's engine core on the host's first 2 physical cores, batchgen's engine front end on the third, "
+                  "every other process of the run on the rest (the CPU affinity of each thread; as it was after)"),
+    "engine_apart": ({"engine_cores": 2, "front_end_cores": 0, "from_end": True},
+                     "vLLM's engine core on the host's last 2 physical cores, every other process of the run (the "
+                     "engine front end too) on the rest"),
     "tok4": ({"tokenize_threads": 4}, "its prompts tokenized in at most 4 slices side by side, not one per core "
                                       "(batchgen.prompts.tokenize_threads)"),
 }
-ENGINE_CORES, FRONT_END_CORES = 2, 1  # physical cores, each with its thread siblings, for --flow-variants own_cores
 
 
 def set_add_per_step(engine: Any, add_per_step: int) -> int:
@@ -840,8 +878,9 @@ def flow_variant(engine: Any, name: str) -> Iterator[None]:
     added = None
     pinned: dict[int, set[int]] = {}
     try:
-        if "own_cores" in settings:
-            pinned = pin_engine_cores()
+        if "engine_cores" in settings:
+            pinned = pin_engine_cores(int(settings["engine_cores"]), int(settings["front_end_cores"]),
+                                      bool(settings.get("from_end")))
         if "tokenize_threads" in settings:
             cap = int(settings["tokenize_threads"])
             prompts_module.tokenize_threads = lambda: min(tokenize_threads(), cap)
@@ -889,30 +928,35 @@ def physical_cores(cpus: set[int], siblings: Callable[[int], set[int]] = thread_
     return groups
 
 
-def core_plan(cpus: set[int], engine_cores: int = ENGINE_CORES, front_end_cores: int = FRONT_END_CORES,
+def core_plan(cpus: set[int], engine_cores: int, front_end_cores: int, from_end: bool = False,
               siblings: Callable[[int], set[int]] = thread_siblings) -> dict[str, set[int]] | None:
-    """Which logical CPUs each group gets under --flow-variants own_cores: the engine core's physical cores first,
-    then the front end's, the rest to every other process; None where fewer than two physical cores would be left
-    to the rest."""
+    """Which logical CPUs each group gets under --flow-variants own_cores and engine_apart: `engine_cores` physical
+    cores for vLLM's engine core, then `front_end_cores` for batchgen's engine front end (none: it goes with the
+    rest), the rest for every other process; counted from the host's first core, or its last (`from_end`: away from
+    CPU 0, where the system handles most interrupts). None where fewer than two physical cores would be left to the
+    rest."""
     cores = physical_cores(cpus, siblings)
     if len(cores) < engine_cores + front_end_cores + 2:
         return None
+    if from_end:
+        cores = cores[::-1]
     engine, front_end = cores[:engine_cores], cores[engine_cores:engine_cores + front_end_cores]
     rest = cores[engine_cores + front_end_cores:]
-    return {"engine": {c for core in engine for c in core}, "front_end": {c for core in front_end for c in core},
+    return {"engine": {c for core in engine for c in core},
+            **({"front_end": {c for core in front_end for c in core}} if front_end else {}),
             "rest": {c for core in rest for c in core}}
 
 
-def pin_engine_cores() -> dict[int, set[int]]:
+def pin_engine_cores(engine_cores: int, front_end_cores: int, from_end: bool = False) -> dict[int, set[int]]:
     """Every thread of this process's tree on the CPUs of its group in core_plan (vLLM's engine core, batchgen's
     engine front end, the rest); returns each thread's CPUs before, for restore_affinity. Threads and processes
     started later inherit their parent's. Nothing where the plan is None."""
     import psutil
 
     me = psutil.Process()
-    plan = core_plan(set(os.sched_getaffinity(0)))
+    plan = core_plan(set(os.sched_getaffinity(0)), engine_cores, front_end_cores, from_end)
     if plan is None:
-        log("own_cores: too few physical cores to give the engine its own; the flow runs as it is")
+        log("too few physical cores to give the engine its own; the flow runs as it is")
         return {}
     before: dict[int, set[int]] = {}
     for proc in [me, *me.children(recursive=True)]:
@@ -925,7 +969,7 @@ def pin_engine_cores() -> dict[int, set[int]]:
                 os.sched_setaffinity(tid, cpus)
             except (OSError, ValueError):  # a thread that ended meanwhile
                 continue
-    log("own_cores: " + ", ".join(f"{name} on CPUs {sorted(cpus)}" for name, cpus in plan.items()))
+    log("pinned: " + ", ".join(f"{name} on CPUs {sorted(cpus)}" for name, cpus in plan.items()))
     return before
 
 
@@ -1206,7 +1250,26 @@ def warm_up(cfg: Config, engine: Any, job: Any, prompts: list[list[int]], memory
     products = write_products(cfg.work / "products-warmup.csv", 8)
     log("warm-up flow run (8 items, max_tokens 4)")
     warm = run_flow(bench_job(products, cfg.work / "out-warmup", 4), memory)
-    return {"raw_seconds": round(raw_seconds, 3), "flow_seconds": round(warm["wall"], 3)}
+    waited = workers_ready()
+    return {"raw_seconds": round(raw_seconds, 3), "flow_seconds": round(warm["wall"], 3),
+            "workers_ready_seconds": round(waited, 3)}
+
+
+WORKERS_READY_SECONDS = 180.0
+
+
+def workers_ready(timeout: float = WORKERS_READY_SECONDS) -> float:
+    """Wait until batchgen's worker processes that the warm-up flow run started (GX validation, the report's
+    charts) have imported their libraries; returns the seconds waited. Those imports take 15-20 s of CPU: left
+    to run, they ran during the first method measured after the warm-up (raw vLLM's first call: 15.3 s against
+    10.8-11.2 in the later repeats on an H100, benchmarks/results/gpu-h100/lease-2026-12-06e/)."""
+    from batchgen.report.worker import running_workers
+    from expectations.workers import validation_workers
+
+    started = time.perf_counter()
+    for worker in [*validation_workers(), *running_workers()]:
+        worker.ready.wait(max(0.0, timeout - (time.perf_counter() - started)))
+    return time.perf_counter() - started
 
 
 def reset_prefix_cache(llm: Any) -> bool:

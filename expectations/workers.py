@@ -48,6 +48,11 @@ def start_validation_workers(count: int) -> list[Worker]:
         return list(_validators)
 
 
+def validation_workers() -> list[Worker]:
+    """The process's validation workers started (`start_validation_workers`) and alive."""
+    return [worker for worker in _validators if worker.alive()]
+
+
 def validate_in_worker(frame: pd.DataFrame, spec: ExpectationsSpec, suite_name: str,
                        json_schema: dict[str, Any] | None, structured: tuple[str, Any] | None) -> \
         tuple[list[list[str]], dict[str, Any]] | None:

@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -382,20 +383,24 @@ def test_a_flow_variant_holds_for_its_block_only_and_the_flow_settings_come_back
 
 
 def test_own_cores_gives_the_engine_whole_physical_cores_and_leaves_the_rest_to_the_run():
-    """--flow-variants own_cores on a 16-CPU host of 8 cores with two threads each (CPU i beside i + 8): the engine
-    core takes 2 physical cores, the front end 1, everything else the other 5; too few cores: no plan."""
+    """--flow-variants own_cores and engine_apart on a 16-CPU host of 8 cores with two threads each (CPU i beside
+    i + 8): the engine core takes 2 physical cores, the front end 1 (own_cores) or none (it goes with the rest),
+    everything else the others; too few cores: no plan."""
     from benchmarks.run import core_plan, physical_cores
 
     smt = lambda cpu: {cpu % 8, cpu % 8 + 8}  # noqa: E731
     assert physical_cores(set(range(16)), smt)[:3] == [[0, 8], [1, 9], [2, 10]]
-    plan = core_plan(set(range(16)), siblings=smt)
-    assert plan == {"engine": {0, 8, 1, 9}, "front_end": {2, 10}, "rest": {3, 4, 5, 6, 7, 11, 12, 13, 14, 15}}
+    assert core_plan(set(range(16)), 2, 1, siblings=smt) == {
+        "engine": {0, 8, 1, 9}, "front_end": {2, 10}, "rest": {3, 4, 5, 6, 7, 11, 12, 13, 14, 15}}
+    assert core_plan(set(range(16)), 2, 0, from_end=True, siblings=smt) == {
+        "engine": {7, 15, 6, 14}, "rest": {0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12, 13}}
     # a process allowed CPUs 4-11 only: one thread of 8 physical cores, nothing outside what it may use
-    assert core_plan(set(range(4, 12)), siblings=smt) == {"engine": {4, 5}, "front_end": {6}, "rest": {7, 8, 9, 10, 11}}
-    assert core_plan({0, 1, 2, 8, 9, 10}, siblings=smt) is None  # 3 physical cores: none left to the run
-    assert core_plan({0, 1}, siblings=lambda cpu: {cpu}) is None  # this machine's kind: 2 cores
-    assert core_plan(set(range(6)), siblings=lambda cpu: {cpu}) == {"engine": {0, 1}, "front_end": {2},
-                                                                   "rest": {3, 4, 5}}
+    assert core_plan(set(range(4, 12)), 2, 1, siblings=smt) == {"engine": {4, 5}, "front_end": {6},
+                                                                "rest": {7, 8, 9, 10, 11}}
+    assert core_plan({0, 1, 2, 8, 9, 10}, 2, 1, siblings=smt) is None  # 3 physical cores: none left to the run
+    assert core_plan({0, 1}, 2, 0, siblings=lambda cpu: {cpu}) is None  # this machine's kind: 2 cores
+    assert core_plan(set(range(6)), 2, 1, siblings=lambda cpu: {cpu}) == {"engine": {0, 1}, "front_end": {2},
+                                                                          "rest": {3, 4, 5}}
 
 
 def test_flow_variant_own_cores_pins_each_thread_and_puts_it_back(monkeypatch):
@@ -405,7 +410,8 @@ def test_flow_variant_own_cores_pins_each_thread_and_puts_it_back(monkeypatch):
     import benchmarks.run as run_module
 
     calls: dict[int, set[int]] = {}
-    monkeypatch.setattr(run_module, "core_plan", lambda cpus: {"engine": {0}, "front_end": {1}, "rest": {2, 3}})
+    monkeypatch.setattr(run_module, "core_plan", lambda cpus, engine, front_end, from_end: {
+        "engine": {0}, "front_end": {1}, "rest": {2, 3}})
     monkeypatch.setattr(run_module.os, "sched_getaffinity", lambda tid: {0, 1, 2, 3})
     monkeypatch.setattr(run_module.os, "sched_setaffinity", lambda tid, cpus: calls.__setitem__(tid, set(cpus)))
     with run_module.flow_variant(None, "own_cores"):
@@ -416,6 +422,50 @@ def test_flow_variant_own_cores_pins_each_thread_and_puts_it_back(monkeypatch):
     with run_module.flow_variant(None, "tok4"):
         assert prompts_module.tokenize_threads() == min(cores, 4)
     assert prompts_module.tokenize_threads() == cores
+
+
+def test_the_warm_up_waits_for_the_workers_it_started_to_be_ready(monkeypatch):
+    """benchmarks.run.workers_ready: the first measured method does not run beside the workers' imports; a worker
+    that never says it is ready holds the run up to the timeout only."""
+    import batchgen.report.worker as chart_workers
+    import expectations.workers as validation
+    from benchmarks.run import workers_ready
+
+    late, never = threading.Event(), threading.Event()
+    workers = [type("W", (), {"ready": late})()]
+    monkeypatch.setattr(validation, "validation_workers", lambda: workers)
+    monkeypatch.setattr(chart_workers, "running_workers", lambda: [])
+    threading.Timer(0.3, late.set).start()
+    assert 0.25 <= workers_ready(timeout=10) < 5
+    workers.append(type("W", (), {"ready": never})())
+    assert 0.45 <= workers_ready(timeout=0.5) < 2
+
+
+def test_the_memory_sampler_finds_the_same_process_tree_as_psutil_without_reading_every_process():
+    """TreeMemory samples this process's tree from /proc's children lists: the same processes as psutil's
+    children(recursive=True) (a child and its own child here), each in its group."""
+    import psutil
+
+    from benchmarks.run import TreeMemory
+
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, "
+                              "'-c', 'import time; time.sleep(20)']); time.sleep(20)"])
+    memory = TreeMemory(interval=3600)
+    try:
+        expected: set[int] = set()
+        for _ in range(100):  # until the grandchild has started
+            expected = {p.pid for p in psutil.Process().children(recursive=True)}
+            if len(expected) >= 2:
+                break
+            time.sleep(0.05)
+        assert len(expected) >= 2 and {p.pid for p in memory._children()} == expected
+        assert memory.sample()["other"] > 0
+    finally:
+        memory.close()
+        for proc in psutil.Process(child.pid).children(recursive=True):
+            proc.kill()
+        child.kill()
+        child.wait()
 
 
 def test_each_flow_variant_is_compared_with_its_own_repeats_raw_call_and_default_flow():
