@@ -431,13 +431,16 @@ def test_the_warm_up_waits_for_the_workers_it_started_to_be_ready(monkeypatch):
     import expectations.workers as validation
     from benchmarks.run import workers_ready
 
+    def worker(ready: threading.Event, alive: bool = True) -> object:
+        return type("W", (), {"ready": ready, "alive": lambda self: alive})()
+
     late, never = threading.Event(), threading.Event()
-    workers = [type("W", (), {"ready": late})()]
+    workers = [worker(late)]
     monkeypatch.setattr(validation, "validation_workers", lambda: workers)
-    monkeypatch.setattr(chart_workers, "running_workers", lambda: [])
+    monkeypatch.setattr(chart_workers, "running_workers", lambda: [worker(never, alive=False)])  # ended: no wait
     threading.Timer(0.3, late.set).start()
     assert 0.25 <= workers_ready(timeout=10) < 5
-    workers.append(type("W", (), {"ready": never})())
+    workers.append(worker(never))
     assert 0.45 <= workers_ready(timeout=0.5) < 2
 
 
