@@ -867,9 +867,8 @@ def set_add_per_step(engine: Any, add_per_step: int) -> int:
 @contextmanager
 def flow_variant(engine: Any, name: str) -> Iterator[None]:
     """The flow under FLOW_VARIANTS[name] for the block, its own settings again after."""
-    import flows.batch_generation as flow_module
-
     import batchgen.prompts as prompts_module
+    import flows.batch_generation as flow_module
 
     settings = FLOW_VARIANTS[name][0]
     held = (flow_module.WINDOWS_HELD_PER_PLACE, flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES)
