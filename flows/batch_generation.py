@@ -26,7 +26,7 @@ from batchgen.gcheap import frozen_heap
 from batchgen.generation import first_pass_requests
 from batchgen.heartbeat import heartbeats, quick_heartbeat
 from batchgen.items import LoadedItems
-from batchgen.job import JobSpec
+from batchgen.job import JobError, JobSpec
 from batchgen.progress import job_progress
 from batchgen.records import Attempt, Manifest, Window, columns_of
 from batchgen.resolve import resolve_job
@@ -81,7 +81,7 @@ def batch_generation(
             (docs/job-reference.md lists every field).
     """
     started_at = datetime.now(timezone.utc)
-    with heartbeats(), frozen_heap():  # batchgen/gcheap.py: collections walk the run's objects only
+    with heartbeats(), frozen_heap(), job_mistakes_not_retried():  # gcheap: collections walk the run's objects only
         spec = resolve_job(job, limit, max_tokens, output_dir, overrides, temperature)
         check_job_task(spec)  # a job mistake stops here, before the engine starts
         places = windows_in_flight(spec)
@@ -96,6 +96,37 @@ def batch_generation(
                             split_windows(spec, loaded), workers=window_workers(places, spec.retry.max_passes > 0),
                             started=lambda window, timeout: feeding.taken(window.index, timeout))
             return publish_task(spec, publication, started_at)
+
+
+@contextmanager
+def job_mistakes_not_retried() -> Iterator[None]:
+    """A job mistake found mid-run (a JobError: an expectation GX cannot evaluate on the real outputs, say) fails
+    the flow run at once, its retries (FLOW_RETRIES) set to none first: Prefect's server reschedules any failed run
+    with retries left, and a retry would meet the same mistake after its delay and say it twice. Other failures
+    (an engine that died, a file being written, a lost server) keep the run's retries."""
+    try:
+        yield
+    except JobError:
+        _no_more_retries()
+        raise
+
+
+def _no_more_retries() -> None:
+    """The current flow run's retries set to none (its empirical policy on the server), so that its failure is
+    final; nothing outside a flow run or where the server cannot be told (the run is then retried as before)."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    run = context.flow_run if context is not None else None
+    if run is None:
+        return
+    policy = run.empirical_policy.model_copy(update={"retries": 0, "max_retries": 0})
+    try:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(run.id, empirical_policy=policy)
+    except Exception:  # noqa: BLE001  (the mistake is raised all the same; at worst retried once)
+        pass
 
 
 class FirstPromptsFirst:

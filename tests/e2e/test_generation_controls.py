@@ -163,17 +163,21 @@ def test_an_expectation_gx_cannot_evaluate_mid_run_stops_it_and_the_rerun_reuses
                                                                                                monkeypatch):
     """The safety net behind the check before the engine (stood aside here): an expectation GX cannot evaluate on
     the real outputs stops the run with a job error naming it and publishes nothing, instead of passing every
-    output; once it is mended, the rerun reuses every generation the stopped run committed."""
+    output, and at once: the flow run's own retry (FLOW_RETRIES) would meet the same mistake; once it is mended, the
+    rerun reuses every generation the stopped run committed."""
     import tasks.check
     from expectations.validate import ExpectationError
+    from flows.batch_generation import FLOW_RETRIES
 
     bad = {"type": "expect_column_values_to_be_between", "kwargs": {"column": "text", "min_value": 5}}
     job = product_job(tmp_path, 3, engine=ENGINE, sampling={"max_tokens": 6}, retry={"max_passes": 0},
                       expectations={"min_chars": None, "keyword_column": None, "require_stop": False, "gx": [bad]})
-    monkeypatch.setattr(tasks.check, "check_expectations", lambda spec: None)
+    checked: list[str] = []  # one per attempt of the flow run: its checks run first
+    monkeypatch.setattr(tasks.check, "check_expectations", lambda spec: checked.append(spec.name))
     with pytest.raises(ExpectationError, match=r"^expectations\.gx\.0: Great Expectations could not evaluate "
                                                r"expect_column_values_to_be_between on the outputs: \S"):
         run(job)
+    assert FLOW_RETRIES >= 1 and len(checked) == 1  # not retried
     assert not (tmp_path / "out" / "current").exists()
 
     monkeypatch.undo()
