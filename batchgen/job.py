@@ -25,6 +25,9 @@ class JobError(ValueError):
     """A job that cannot run. The message names the field and says why."""
 
 
+JOB_MISTAKE_TAG = "batchgen-job-mistake"  # on a flow run that failed on a JobError: not to be run again as it is
+
+
 AT = "@"  # a model validator's message "@field: ..." is about that field of the model (see _format_validation_error)
 
 

@@ -26,7 +26,7 @@ from batchgen.gcheap import frozen_heap
 from batchgen.generation import first_pass_requests
 from batchgen.heartbeat import heartbeats, quick_heartbeat
 from batchgen.items import LoadedItems
-from batchgen.job import JobError, JobSpec
+from batchgen.job import JOB_MISTAKE_TAG, JobError, JobSpec
 from batchgen.progress import job_progress
 from batchgen.records import Attempt, Manifest, Window, columns_of
 from batchgen.resolve import resolve_job
@@ -101,9 +101,10 @@ def batch_generation(
 @contextmanager
 def job_mistakes_not_retried() -> Iterator[None]:
     """A job mistake found mid-run (a JobError: an expectation GX cannot evaluate on the real outputs, say) fails
-    the flow run at once, its retries (FLOW_RETRIES) set to none first: Prefect's server reschedules any failed run
-    with retries left, and a retry would meet the same mistake after its delay and say it twice. Other failures
-    (an engine that died, a file being written, a lost server) keep the run's retries."""
+    the flow run at once, its retries (FLOW_RETRIES) set to none first and the run tagged JOB_MISTAKE_TAG (a
+    sharded run does not start the shard again either): Prefect's server reschedules any failed run with retries
+    left, and a retry would meet the same mistake after its delay and say it twice. Other failures (an engine that
+    died, a file being written, a lost server) keep the run's retries."""
     try:
         yield
     except JobError:
@@ -113,7 +114,8 @@ def job_mistakes_not_retried() -> Iterator[None]:
 
 def _no_more_retries() -> None:
     """The current flow run's retries set to none (its empirical policy on the server), so that its failure is
-    final; nothing outside a flow run or where the server cannot be told (the run is then retried as before)."""
+    final, and the run tagged JOB_MISTAKE_TAG; nothing outside a flow run or where the server cannot be told (the
+    run is then retried as before)."""
     from prefect.client.orchestration import get_client
     from prefect.context import FlowRunContext
 
@@ -124,7 +126,7 @@ def _no_more_retries() -> None:
     policy = run.empirical_policy.model_copy(update={"retries": 0, "max_retries": 0})
     try:
         with get_client(sync_client=True) as client:
-            client.update_flow_run(run.id, empirical_policy=policy)
+            client.update_flow_run(run.id, empirical_policy=policy, tags=[*(run.tags or []), JOB_MISTAKE_TAG])
     except Exception:  # noqa: BLE001  (the mistake is raised all the same; at worst retried once)
         pass
 

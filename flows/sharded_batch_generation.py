@@ -27,7 +27,7 @@ from pydantic import Field
 import yaml
 
 from batchgen.items import load_items
-from batchgen.job import JobSpec
+from batchgen.job import JOB_MISTAKE_TAG, JobSpec
 from batchgen.shards import expected_ids, merge_shards, shard_dir, shard_url
 from batchgen.records import Manifest
 from batchgen.resolve import override_pairs, resolve_job
@@ -41,20 +41,33 @@ class ShardFailed(RuntimeError):
     """A shard's flow run ended in a state other than Completed."""
 
 
+class ShardJobMistake(ShardFailed):
+    """A shard's flow run failed on a mistake in the job (tagged batchgen.job.JOB_MISTAKE_TAG by
+    flows.batch_generation): a new run of the shard would meet it again, so run-shard does not retry it."""
+
+
+def _unless_job_mistake(task: Any, task_run: Any, state: Any) -> bool:
+    """run-shard's retry_condition_fn: retry a failed or crashed shard run, not one that failed on a job mistake."""
+    return not isinstance(state.data, ShardJobMistake)
+
+
 # Within one run of this flow a finished shard is served from the task cache (a retry of
 # the whole flow redoes only the shards that failed); a new run of the flow reruns every
 # shard, which costs little: each shard's result store answers what was generated before.
-@task(name="run-shard", retries=2, retry_delay_seconds=5, cache_policy=INPUTS + RUN_ID, persist_result=True)
+@task(name="run-shard", retries=2, retry_delay_seconds=5, cache_policy=INPUTS + RUN_ID, persist_result=True,
+      retry_condition_fn=_unless_job_mistake)
 def run_shard_task(deployment: str, parameters: dict[str, Any], label: str) -> str:
-    """Run one shard as a deployment run and wait for it; a failed or crashed run is retried as a new run."""
+    """Run one shard as a deployment run and wait for it; a failed or crashed run is retried as a new run, unless
+    it failed on a mistake in the job (ShardJobMistake)."""
     run = run_deployment(name=deployment, parameters=parameters, timeout=0, as_subflow=True,
                          tags=["batchgen-shard"])
     if run.state is None or not run.state.is_final():  # created and scheduled: wait for a worker to run it
         run = wait_for_final_state(run.id, label)
     state = run.state
     if state is None or not state.is_completed():
-        raise ShardFailed(f"{label}: flow run {run.name} ({run.id}) ended {state.name if state else 'without a state'}"
-                          f": {state.message if state else ''}")
+        failed = ShardJobMistake if JOB_MISTAKE_TAG in (run.tags or []) else ShardFailed
+        raise failed(f"{label}: flow run {run.name} ({run.id}) ended {state.name if state else 'without a state'}"
+                     f": {state.message if state else ''}")
     print(f"{label}: flow run {run.name} completed")
     return str(run.id)
 

@@ -39,6 +39,19 @@ def run(job: dict) -> dict:
     return batch_generation(job_from_dict(job))
 
 
+def newest_run_tagged(tag: str):
+    """The newest flow run on the Prefect server with `tag`."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[tag])),
+                                     sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=1)
+    assert runs, f"no flow run tagged {tag}"
+    return runs[0]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, prefect_server):
     """The two flow runs of the module (one engine), with their output folders and manifests."""
@@ -166,6 +179,7 @@ def test_an_expectation_gx_cannot_evaluate_mid_run_stops_it_and_the_rerun_reuses
     output, and at once: the flow run's own retry (FLOW_RETRIES) would meet the same mistake; once it is mended, the
     rerun reuses every generation the stopped run committed."""
     import tasks.check
+    from batchgen.job import JOB_MISTAKE_TAG
     from expectations.validate import ExpectationError
     from flows.batch_generation import FLOW_RETRIES
 
@@ -179,6 +193,8 @@ def test_an_expectation_gx_cannot_evaluate_mid_run_stops_it_and_the_rerun_reuses
         run(job)
     assert FLOW_RETRIES >= 1 and len(checked) == 1  # not retried
     assert not (tmp_path / "out" / "current").exists()
+    stopped = newest_run_tagged(JOB_MISTAKE_TAG)  # tagged, so that a sharded run does not start it again either
+    assert stopped.state.is_failed() and stopped.run_count == 1 and stopped.empirical_policy.retries == 0
 
     monkeypatch.undo()
     job["expectations"]["gx"] = [{**bad, "kwargs": {"column": "n_output_tokens", "min_value": 1}}]

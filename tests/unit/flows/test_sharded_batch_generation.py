@@ -45,3 +45,25 @@ def test_an_api_that_stays_down_fails_the_wait(monkeypatch):
     monkeypatch.setattr("prefect.get_client", lambda sync_client=True: client)
     with pytest.raises(httpx.HTTPStatusError, match="database is locked"):
         sharded.wait_for_final_state("run-1", "shard 1 of 2", poll_seconds=0.01, tolerate_seconds=0.05)
+
+
+def _ended(tags: list[str], name: str = "Failed") -> SimpleNamespace:
+    state = SimpleNamespace(is_final=lambda: True, is_completed=lambda: False, name=name, message="it broke")
+    return SimpleNamespace(id="run-1", name="shard-run", state=state, tags=tags)
+
+
+@pytest.mark.parametrize("tags, runs, error", [
+    (["batchgen-shard"], 3, sharded.ShardFailed),  # failed or crashed: a new run, twice
+    (["batchgen-shard", "batchgen-job-mistake"], 1, sharded.ShardJobMistake),  # a job mistake: once
+])
+def test_a_shard_that_failed_on_a_job_mistake_is_not_run_again(prefect_server, monkeypatch, tags, runs, error):
+    """run-shard (a real task run on a Prefect server, its retries without their delay) starts a failed shard's
+    run again, but not one its flow tagged as failed on a mistake in the job (batchgen.job.JOB_MISTAKE_TAG)."""
+    from batchgen.job import JOB_MISTAKE_TAG
+
+    assert JOB_MISTAKE_TAG in tags or runs == 3
+    started: list[str] = []
+    monkeypatch.setattr(sharded, "run_deployment", lambda **kwargs: started.append(kwargs["name"]) or _ended(tags))
+    with pytest.raises(error, match="shard 1 of 2: flow run shard-run .* ended Failed: it broke"):
+        sharded.run_shard_task.with_options(retry_delay_seconds=0)("batch-generation/shards", {}, "shard 1 of 2")
+    assert started == ["batch-generation/shards"] * runs
