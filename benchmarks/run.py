@@ -284,11 +284,41 @@ def _group(proc: Any) -> str:
     return "other"
 
 
+def descendants(psutil: Any, proc: Any, known: dict[int, Any] | None = None) -> list[Any]:
+    """`proc`'s descendants (a psutil.Process each), from /proc/PID/task/TID/children, which lists this tree alone:
+    psutil's children(recursive=True) reads every process on the machine, 5 ms a call on a GPU host (the memory
+    sampler's ten calls a second took 11 s of the run process's CPU over a benchmark run, the interpreter's lock
+    with it, beside the flow's threads); psutil's where /proc does not list children. `known`: the Process of each
+    pid seen before, kept there between calls."""
+    pids: list[int] = []
+    todo = [proc.pid]
+    while todo:
+        for children in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
+            try:
+                found = [int(x) for x in children.read_text().split()]
+            except OSError:  # a thread or process that ended meanwhile
+                continue
+            pids.extend(found)
+            todo.extend(found)
+    if not pids and not Path(f"/proc/{proc.pid}/task/{proc.pid}/children").exists():
+        return proc.children(recursive=True)
+    known = {} if known is None else known
+    procs = []
+    for pid in dict.fromkeys(pids):
+        if pid not in known:
+            try:
+                known[pid] = psutil.Process(pid)
+            except psutil.Error:  # ended meanwhile
+                continue
+        procs.append(known[pid])
+    return procs
+
+
 def cpu_reading(psutil: Any, proc: Any) -> dict[int, tuple[str, float, int]]:
     """Per process of the tree (this one, "main", and its children): group, CPU seconds (user + system) and
     involuntary context switches so far (the times the system took a core from it while it still wanted one)."""
     reading = {}
-    for one in [proc, *proc.children(recursive=True)]:
+    for one in [proc, *descendants(psutil, proc)]:
         try:
             times = one.cpu_times()
             reading[one.pid] = ("main" if one.pid == proc.pid else _group(one), times.user + times.system,
@@ -358,7 +388,7 @@ class TreeMemory:
 
     def sample(self) -> dict[str, int]:
         groups = {"main": self._proc.memory_info().rss}
-        for child in self._children():
+        for child in descendants(self._psutil, self._proc, self._procs):
             try:
                 rss = child.memory_info().rss
             except (self._psutil.NoSuchProcess, self._psutil.AccessDenied):
@@ -368,38 +398,6 @@ class TreeMemory:
                 self._groups[child.pid] = name
             groups[name] = groups.get(name, 0) + rss
         return groups
-
-    def _children(self) -> list[Any]:
-        """This process's descendants, from /proc/PID/task/TID/children, which lists this tree alone: psutil's
-        children(recursive=True) reads every process on the machine, 5 ms a sample on a GPU host (py-spy: 11 s of
-        the run process's CPU over a benchmark run, the interpreter's lock with it, beside the flow's threads);
-        psutil's where /proc does not list children."""
-        pids: list[int] = []
-        todo = [self._proc.pid]
-        try:
-            while todo:
-                pid = todo.pop()
-                for children in Path(f"/proc/{pid}/task").glob("*/children"):
-                    try:
-                        found = [int(x) for x in children.read_text().split()]
-                    except OSError:  # a thread that ended meanwhile
-                        continue
-                    pids.extend(found)
-                    todo.extend(found)
-        except OSError:
-            pids = []
-        if not pids and not Path(f"/proc/{self._proc.pid}/task/{self._proc.pid}/children").exists():
-            return self._proc.children(recursive=True)
-        procs = []
-        for pid in dict.fromkeys(pids):
-            proc = self._procs.get(pid)
-            if proc is None:
-                try:
-                    proc = self._procs[pid] = self._psutil.Process(pid)
-                except self._psutil.Error:  # ended meanwhile
-                    continue
-            procs.append(proc)
-        return procs
 
     def _record(self) -> dict[str, int]:
         groups = self.sample()
@@ -958,7 +956,7 @@ def pin_engine_cores(engine_cores: int, front_end_cores: int, from_end: bool = F
         log("too few physical cores to give the engine its own; the flow runs as it is")
         return {}
     before: dict[int, set[int]] = {}
-    for proc in [me, *me.children(recursive=True)]:
+    for proc in [me, *descendants(psutil, me)]:
         group = "rest" if proc.pid == me.pid else _group(proc)
         cpus = plan.get(group, plan["rest"])
         for task in Path(f"/proc/{proc.pid}/task").glob("*"):
@@ -981,7 +979,7 @@ def restore_affinity(before: dict[int, set[int]]) -> None:
 
     me = psutil.Process()
     every = before.get(me.pid, set(range(os.cpu_count() or 1)))
-    for proc in [me, *me.children(recursive=True)]:
+    for proc in [me, *descendants(psutil, me)]:
         for task in Path(f"/proc/{proc.pid}/task").glob("*"):
             try:
                 tid = int(task.name)

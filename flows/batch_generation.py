@@ -123,6 +123,7 @@ def _no_more_retries() -> None:
     run = context.flow_run if context is not None else None
     if run is None:
         return
+    # max_retries too: the policy's validator gives a run without retries the (deprecated) max_retries' count
     policy = run.empirical_policy.model_copy(update={"retries": 0, "max_retries": 0})
     try:
         with get_client(sync_client=True) as client:

@@ -445,11 +445,12 @@ def test_the_warm_up_waits_for_the_workers_it_started_to_be_ready(monkeypatch):
 
 
 def test_the_memory_sampler_finds_the_same_process_tree_as_psutil_without_reading_every_process():
-    """TreeMemory samples this process's tree from /proc's children lists: the same processes as psutil's
-    children(recursive=True) (a child and its own child here), each in its group."""
+    """TreeMemory (and the CPU figures, and the pinning) read this process's tree from /proc's children lists
+    (benchmarks.run.descendants): the same processes as psutil's children(recursive=True) (a child and its own
+    child here), each in its group."""
     import psutil
 
-    from benchmarks.run import TreeMemory
+    from benchmarks.run import TreeMemory, descendants
 
     child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, "
                               "'-c', 'import time; time.sleep(20)']); time.sleep(20)"])
@@ -461,7 +462,7 @@ def test_the_memory_sampler_finds_the_same_process_tree_as_psutil_without_readin
             if len(expected) >= 2:
                 break
             time.sleep(0.05)
-        assert len(expected) >= 2 and {p.pid for p in memory._children()} == expected
+        assert len(expected) >= 2 and {p.pid for p in descendants(psutil, psutil.Process(), {})} == expected
         assert memory.sample()["other"] > 0
     finally:
         memory.close()
