@@ -87,6 +87,7 @@ class Config:
     retry_sizes: list[int] = field(default_factory=list)  # --retry-sizes; empty: the largest size only
     flow_variants: list[str] = field(default_factory=list)  # --flow-variants, "default" first; empty: the flow as is
     repeats: int = 1
+    reversed_first: bool = False  # --reversed-first: the first repeat in the order of the second
     beside_pipeline: int = 0  # items of the stand-in pipeline run beside raw vLLM (0: not measured)
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="batchgen-bench-")))
 
@@ -163,6 +164,9 @@ def parse_args(argv: list[str] | None) -> Config:
                         help="run raw vLLM and the flow this many times at each size, alternating which goes first "
                              "(raw, flow; flow, raw; ...): the ratios are the medians of the pairs' ratios, the "
                              "tables the median pair's (default 1; on a shared host 3 or more)")
+    parser.add_argument("--reversed-first", action="store_true",
+                        help="start with the order of the second repeat (the flow first; with --flow-variants, the "
+                             "last variant first): a run of one repeat that pairs with an earlier one")
     parser.add_argument("--beside-pipeline", type=int, default=0, metavar="ITEMS",
                         help="at the largest size, also run raw vLLM once more while benchmarks.pipeline_only runs "
                              "the flow on ITEMS items with its engine stood in, in a process of its own: how much "
@@ -208,7 +212,8 @@ def parse_args(argv: list[str] | None) -> Config:
                     retry_passes=base["retry_passes"], memory=args.memory, memory_sizes=memory_sizes,
                     memory_max_tokens=base["memory_max_tokens"],
                     pipeline_sizes=_int_list(args.pipeline_sizes) if args.pipeline_sizes else [],
-                    with_retries=args.with_retries, repeats=args.repeats, beside_pipeline=args.beside_pipeline,
+                    with_retries=args.with_retries, repeats=args.repeats, reversed_first=args.reversed_first,
+                    beside_pipeline=args.beside_pipeline,
                     retry_variants=args.retry_variants if args.retry_variants[:1] == ["in_stream"] else
                     ["in_stream"] + args.retry_variants,
                     retry_sizes=_int_list(args.retry_sizes) if args.retry_sizes else [],
@@ -847,6 +852,9 @@ FLOW_VARIANTS: dict[str, tuple[dict[str, int | bool], str]] = {
     "engine_apart": ({"engine_cores": 2, "front_end_cores": 0, "from_end": True},
                      "vLLM's engine core on the host's last 2 physical cores, every other process of the run (the "
                      "engine front end too) on the rest"),
+    "engine_only": ({"engine_cores": 2, "front_end_cores": 0, "from_end": True, "engine_only": True},
+                    "vLLM's engine core on the host's last 2 physical cores, every other process left where it was "
+                    "(free to run there too)"),
     "tok4": ({"tokenize_threads": 4}, "its prompts tokenized in at most 4 slices side by side, not one per core "
                                       "(batchgen.prompts.tokenize_threads)"),
 }
@@ -877,7 +885,7 @@ def flow_variant(engine: Any, name: str) -> Iterator[None]:
     try:
         if "engine_cores" in settings:
             pinned = pin_engine_cores(int(settings["engine_cores"]), int(settings["front_end_cores"]),
-                                      bool(settings.get("from_end")))
+                                      bool(settings.get("from_end")), bool(settings.get("engine_only")))
         if "tokenize_threads" in settings:
             cap = int(settings["tokenize_threads"])
             prompts_module.tokenize_threads = lambda: min(tokenize_threads(), cap)
@@ -895,7 +903,7 @@ def flow_variant(engine: Any, name: str) -> Iterator[None]:
         prompts_module.tokenize_threads = tokenize_threads
         if added is not None:
             set_add_per_step(engine, added)
-        restore_affinity(pinned)
+        restore_affinity(pinned, bool(settings.get("engine_only")))
 
 
 def thread_siblings(cpu: int) -> set[int]:
@@ -944,10 +952,12 @@ def core_plan(cpus: set[int], engine_cores: int, front_end_cores: int, from_end:
             "rest": {c for core in rest for c in core}}
 
 
-def pin_engine_cores(engine_cores: int, front_end_cores: int, from_end: bool = False) -> dict[int, set[int]]:
+def pin_engine_cores(engine_cores: int, front_end_cores: int, from_end: bool = False,
+                     engine_only: bool = False) -> dict[int, set[int]]:
     """Every thread of this process's tree on the CPUs of its group in core_plan (vLLM's engine core, batchgen's
-    engine front end, the rest); returns each thread's CPUs before, for restore_affinity. Threads and processes
-    started later inherit their parent's. Nothing where the plan is None."""
+    engine front end, the rest; `engine_only`: the engine core's threads alone, the others left as they are);
+    returns each thread's CPUs before, for restore_affinity. Threads and processes started later inherit their
+    parent's. Nothing where the plan is None."""
     import psutil
 
     me = psutil.Process()
@@ -958,6 +968,8 @@ def pin_engine_cores(engine_cores: int, front_end_cores: int, from_end: bool = F
     before: dict[int, set[int]] = {}
     for proc in [me, *descendants(psutil, me)]:
         group = "rest" if proc.pid == me.pid else _group(proc)
+        if engine_only and group != "engine":
+            continue
         cpus = plan.get(group, plan["rest"])
         for task in Path(f"/proc/{proc.pid}/task").glob("*"):
             try:
@@ -966,20 +978,23 @@ def pin_engine_cores(engine_cores: int, front_end_cores: int, from_end: bool = F
                 os.sched_setaffinity(tid, cpus)
             except (OSError, ValueError):  # a thread that ended meanwhile
                 continue
-    log("pinned: " + ", ".join(f"{name} on CPUs {sorted(cpus)}" for name, cpus in plan.items()))
+    log("pinned: " + ", ".join(f"{name} on CPUs {sorted(cpus)}" for name, cpus in plan.items()
+                               if not engine_only or name == "engine"))
     return before
 
 
-def restore_affinity(before: dict[int, set[int]]) -> None:
+def restore_affinity(before: dict[int, set[int]], engine_only: bool = False) -> None:
     """Each thread pinned by pin_engine_cores back on its CPUs before (threads started since: on every CPU this
-    process had before, from its own main thread's)."""
+    process had before, from its own main thread's; `engine_only`: the engine core's threads alone)."""
     if not before:
         return
     import psutil
 
     me = psutil.Process()
-    every = before.get(me.pid, set(range(os.cpu_count() or 1)))
+    every = before.get(me.pid) or set(os.sched_getaffinity(0))  # engine_only: this process was not pinned
     for proc in [me, *descendants(psutil, me)]:
+        if engine_only and (proc.pid == me.pid or _group(proc) != "engine"):
+            continue
         for task in Path(f"/proc/{proc.pid}/task").glob("*"):
             try:
                 tid = int(task.name)
@@ -1339,7 +1354,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             pair: dict[str, Any] = {"runs": {}}
             which = f" (repeat {repeat + 1} of {cfg.repeats})" if cfg.repeats > 1 else ""
             order = ["raw"] + variants
-            for method in (order if repeat % 2 == 0 else order[::-1]):
+            for method in (order if (repeat + cfg.reversed_first) % 2 == 0 else order[::-1]):
                 cold_prefix_cache(engine)
                 if method == "raw":
                     log(f"(b) raw vLLM, one call on {n} prompts, max_tokens {max_tokens}{which}")

@@ -424,6 +424,27 @@ def test_flow_variant_own_cores_pins_each_thread_and_puts_it_back(monkeypatch):
     assert prompts_module.tokenize_threads() == cores
 
 
+def test_flow_variant_engine_only_pins_the_engine_core_alone(monkeypatch):
+    """engine_only sets the threads of vLLM's engine core (a child process here) on the engine's CPUs and leaves
+    this process's threads where they were; after the block the child's threads are back on this process's CPUs."""
+    import benchmarks.run as run_module
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        calls: dict[int, set[int]] = {}
+        monkeypatch.setattr(run_module, "core_plan", lambda cpus, engine, front_end, from_end: {
+            "engine": {3}, "rest": {0, 1, 2}})
+        monkeypatch.setattr(run_module, "_group", lambda proc: "engine" if proc.pid == child.pid else "other")
+        monkeypatch.setattr(run_module.os, "sched_getaffinity", lambda tid: {0, 1, 2, 3})
+        monkeypatch.setattr(run_module.os, "sched_setaffinity", lambda tid, cpus: calls.__setitem__(tid, set(cpus)))
+        with run_module.flow_variant(None, "engine_only"):
+            assert calls == {child.pid: {3}}  # the child's one thread, nothing of this process
+        assert calls == {child.pid: {0, 1, 2, 3}}
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_the_warm_up_waits_for_the_workers_it_started_to_be_ready(monkeypatch):
     """benchmarks.run.workers_ready: the first measured method does not run beside the workers' imports; a worker
     that never says it is ready holds the run up to the timeout only."""
