@@ -63,7 +63,10 @@
 #              end on the third; "tok4": the prompts tokenized in at most 4 slices), into $RES/variants16: whether the
 #              flow's work on the host's cores slows the engine (each method's CPU figures by process group beside);
 #              about 6.5 minutes at 10,000 items on a slow H100 host; SIZES=60000 REPEATS16=1 VARIANTS=own_cores:
-#              about 5 (benchmarks/results/gpu-h100/lease-2026-12-06e/)
+#              about 5 (benchmarks/results/gpu-h100/lease-2026-12-06e/); SIZES=60000 REPEATS16=1
+#              VARIANTS="engine_only engine_apart" (engine_only: the engine core alone on the last 2 cores, the rest
+#              left where it was), calls in turn with RUN_EXTRA=--reversed-first for ABBA pairs: about 6 minutes
+#              each (benchmarks/results/gpu-h100/lease-2026-12-06f/: pinning did not pay)
 #   here       the same comparison at 80 and 16 tokens (HF, the loop and the retry runs on a few items only) with
 #              vLLM's front end in the run's process (--front-end here), into $RES/front-end-here: the pair of `run`
 #   run_batch  benchmarks.run_batch_compare: `vllm run-batch` against `batchgen run`, each a fresh process, on the

@@ -287,7 +287,7 @@ def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "")
         over = entry["pipeline_overhead"]
         lines += [
             "",
-            f"Pipeline overhead: **{over['per_item_ms']:.1f} ms per item** "
+            f"Pipeline overhead: **{over['per_item_ms']:.2f} ms per item** "
             f"(flow wall {over['flow_wall_seconds']:.1f} s "
             f"minus {over['engine_call_seconds']:.1f} s inside engine calls, over {over['items']:,} items). "
             f"Flow timings: load and prompts {over['load_and_prompts_seconds']:.1f} s, generate task "
@@ -298,7 +298,7 @@ def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "")
             + ", publish and Prefect bookkeeping "
             f"{over['publish_and_prefect_seconds']:.1f} s"
             + (f", of which {over['report_build_seconds']:.1f} s build report.html and the GX Data Docs (a fixed "
-               f"cost per run: {over['per_item_ms_without_report']:.1f} ms per item without it)"
+               f"cost per run: {over['per_item_ms_without_report']:.2f} ms per item without it)"
                if over.get("report_build_seconds") is not None else "")
             + around_sentence(over.get("around_engine"))
             + ". While the engine had requests it made "
