@@ -66,7 +66,9 @@
 #              about 5 (benchmarks/results/gpu-h100/lease-2026-12-06e/); SIZES=60000 REPEATS16=1
 #              VARIANTS="engine_only engine_apart" (engine_only: the engine core alone on the last 2 cores, the rest
 #              left where it was), calls in turn with RUN_EXTRA=--reversed-first for ABBA pairs: about 6 minutes
-#              each (benchmarks/results/gpu-h100/lease-2026-12-06f/: pinning did not pay)
+#              each (benchmarks/results/gpu-h100/lease-2026-12-06f/: pinning did not pay); VARIANTS=stream: raw's
+#              prompts through batchgen's engine stream in windows, no pipeline (the feeding's cost apart from the
+#              pipeline's)
 #   here       the same comparison at 80 and 16 tokens (HF, the loop and the retry runs on a few items only) with
 #              vLLM's front end in the run's process (--front-end here), into $RES/front-end-here: the pair of `run`
 #   run_batch  benchmarks.run_batch_compare: `vllm run-batch` against `batchgen run`, each a fresh process, on the

@@ -631,6 +631,41 @@ def run_raw(engine: Any, prompts: list[list[int]], params: Any, memory: TreeMemo
                           engine_steps_by_held=step_pace(got["steps_by_held"]))
 
 
+def run_stream(engine: Any, prompts: list[list[int]], params: Any, memory: TreeMemory, window: int,
+               held: int) -> dict[str, Any]:
+    """--flow-variants stream: raw's prompts and SamplingParams through the engine's stream (batchgen.stream, in the
+    engine's process when its front end has one), in windows of `window` prompts with `held` windows in the engine
+    at a time (the next sent once the oldest has finished), and nothing else running: the flow's way of feeding
+    the engine without its pipeline (prompts, validation, staging, Prefect). Beside raw's one call and the flow in
+    the same repeat it tells apart what the feeding costs the engine and what the pipeline's work beside it does.
+    Figures in the shape of run_flow's (its generation stage is the whole call)."""
+    from collections import deque
+
+    from vllm import TokensPrompt
+
+    from batchgen.stream import feed_delta
+
+    requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompts]
+    windows = deque(requests[i:i + window] for i in range(0, len(requests), window))
+    feed_before = engine.feed()
+    tokens, first, finish = 0, None, Counter()
+    with memory.phase() as mem:
+        started = time.perf_counter()
+        live: deque[Any] = deque()
+        while windows or live:
+            while windows and len(live) < held:
+                batch = windows.popleft()
+                live.append(engine.stream.submit(batch, [params] * len(batch)))
+            for _, output in live.popleft():
+                if first is None:
+                    first = time.perf_counter() - started
+                tokens += sum(len(c.token_ids) for c in output.outputs)
+                finish.update(c.finish_reason or "unknown" for c in output.outputs)
+        wall = time.perf_counter() - started
+    figures = method_figures(len(prompts), tokens, wall, first, mem, finish=dict(finish))
+    return {"flow": figures, "generation": dict(figures), "engine_feed": feed_delta(feed_before, engine.feed())}
+
+
 def run_raw_beside_pipeline(engine: Any, prompts: list[list[int]], params: Any, memory: TreeMemory,
                             items: int) -> dict[str, Any]:
     """(b) again, while benchmarks.pipeline_only runs the flow on `items` items with its engine stood in, in a
@@ -838,6 +873,10 @@ def first_results(timings: dict[str, float], body_started: float, called_at: flo
 
 
 # --flow-variants: settings of the flow compared on one engine, each beside the same raw call (settings, what it is)
+# The `stream` variant's feeding: about as many requests in the engine as the flow keeps there (4,150-4,250 on
+# average at 60,000 x 16 on an H100, benchmarks/results/gpu-h100/lease-2026-12-06f/), a window at a time.
+STREAM_WINDOW, STREAM_WINDOWS_HELD = 512, 8
+
 FLOW_VARIANTS: dict[str, tuple[dict[str, int | bool], str]] = {
     "default": ({}, "the flow as it is"),
     "add_all": ({"add_per_step": 1_000_000}, "its engine stream adds a window's requests between two steps at once "
@@ -857,6 +896,10 @@ FLOW_VARIANTS: dict[str, tuple[dict[str, int | bool], str]] = {
                     "(free to run there too)"),
     "tok4": ({"tokenize_threads": 4}, "its prompts tokenized in at most 4 slices side by side, not one per core "
                                       "(batchgen.prompts.tokenize_threads)"),
+    "stream": ({"stream_window": STREAM_WINDOW, "stream_windows_held": STREAM_WINDOWS_HELD},
+               f"no flow: raw's prompts and sampling through batchgen's engine stream, in windows of {STREAM_WINDOW} "
+               f"with {STREAM_WINDOWS_HELD} in the engine at a time, about as the flow feeds it, nothing else running "
+               "(its generation stage without the pipeline's work)"),
 }
 
 
@@ -1361,6 +1404,13 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
                     pair["raw"] = run_raw(engine, prompt_ids[:n], params, memory)
                     continue
                 named = f" ({method}: {FLOW_VARIANTS[method][1]})" if cfg.flow_variants else ""
+                settings = FLOW_VARIANTS[method][0]
+                if "stream_window" in settings:
+                    log(f"(a) {n} prompts, max_tokens {max_tokens}{which}{named}")
+                    pair["runs"][method] = run_stream(engine, prompt_ids[:n], params, memory,
+                                                      int(settings["stream_window"]),
+                                                      int(settings["stream_windows_held"]))
+                    continue
                 log(f"(a) the flow on {n} items, max_tokens {max_tokens}{which}{named}")
                 out = cfg.work / f"out-{n}-{max_tokens}" / f"repeat-{repeat + 1}"
                 out = out if method == "default" else out.with_name(f"{out.name}-{method}")

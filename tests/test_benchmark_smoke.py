@@ -28,7 +28,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
                            "--retry-variants", "in_stream",
                            "continue_then_grow_ahead_in_stream", "in_stream", "to_cap_in_stream",
                            "--windows-held-per-place", "3", "--add-per-step", "5",
-                           "--flow-variants", "add_all", "--out", str(out)],
+                           "--flow-variants", "add_all", "stream", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
@@ -65,12 +65,16 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
 
     # --flow-variants: the default flow and each variant beside the same raw call of every repeat
     variants = result["sizes"]["8"]["flow_variants"]
-    assert list(variants) == ["default", "add_all"] and result["config"]["flow_variants"]["add_all"] == {
+    assert list(variants) == ["default", "add_all", "stream"] and result["config"]["flow_variants"]["add_all"] == {
         "add_per_step": 1_000_000}
     assert [p["flow_wall_seconds"] for p in variants["default"]["pairs"]] == [p["flow_wall_seconds"] for p in pairs]
     for v in variants.values():
         assert len(v["pairs"]) == 2 and all(p["engine_steps"] > 0 and p["ratio_flow_vs_raw"] > 0 for p in v["pairs"])
     assert "| add_all | add_per_step 1,000,000 |" in (out / "latest.md").read_text(encoding="utf-8")
+    # stream: raw's prompts through the engine's stream, no flow: as many tokens as raw's call (greedy at 8 tokens
+    # would be needed for equality; sampled, each output is at most 8 tokens and at least 1)
+    for row in variants["stream"]["pairs"]:
+        assert 8 <= row["flow_output_tokens"] <= 64 and row["flow_wall_seconds"] > 0
 
     # the flow's time outside the engine's span: before its first request and after its last output, whose parts
     # (the last windows, then publishing) make it up
@@ -443,6 +447,49 @@ def test_flow_variant_engine_only_pins_the_engine_core_alone(monkeypatch):
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_stream_variant_keeps_at_most_its_held_windows_in_the_engine_and_counts_every_output():
+    """benchmarks.run.run_stream (--flow-variants stream): windows of `window` prompts, the next sent once the
+    oldest has finished, never more than `held` in the engine; every output's tokens counted. A stand-in engine
+    whose windows finish when read (the real engine's path runs in the quick benchmark above)."""
+    from collections import namedtuple
+
+    from benchmarks.run import TreeMemory, run_stream
+
+    Completion = namedtuple("Completion", "token_ids finish_reason")
+    Output = namedtuple("Output", "outputs")
+    live: list[int] = []
+    most = 0
+
+    class Window:
+        def __init__(self, prompts: list) -> None:
+            self.prompts = prompts
+
+        def __iter__(self):
+            for index, prompt in enumerate(self.prompts):
+                yield index, Output([Completion(list(range(len(prompt["prompt_token_ids"]))), "stop")])
+            live.pop(0)
+
+    class Stream:
+        def submit(self, prompts: list, params: list) -> Window:
+            nonlocal most
+            assert len(params) == len(prompts)
+            live.append(len(prompts))
+            most = max(most, len(live))
+            return Window(prompts)
+
+    feed = {"steps": 0, "busy_seconds": 0.0, "full_seconds": 0.0, "request_seconds": 0.0, "capacity": None}
+    engine = type("E", (), {"stream": Stream(), "feed": lambda self: feed})()
+    prompts = [[1] * (i % 5 + 1) for i in range(23)]
+    memory = TreeMemory()
+    try:
+        got = run_stream(engine, prompts, None, memory, window=4, held=3)
+    finally:
+        memory.close()
+    assert most == 3 and not live
+    assert got["flow"]["items"] == 23 and got["flow"]["output_tokens"] == sum(map(len, prompts))
+    assert got["flow"]["finish"] == {"stop": 23} and got["generation"]["output_tokens"] == got["flow"]["output_tokens"]
 
 
 def test_the_warm_up_waits_for_the_workers_it_started_to_be_ready(monkeypatch):
