@@ -642,9 +642,12 @@ def run_stream(engine: Any, prompts: list[list[int]], params: Any, memory: TreeM
     from collections import deque
 
     from vllm import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
 
     from batchgen.stream import feed_delta
 
+    params = params.clone()
+    params.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate and the flow ask: each output once, at its end
     requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompts]
     windows = deque(requests[i:i + window] for i in range(0, len(requests), window))
     feed_before = engine.feed()

@@ -455,6 +455,9 @@ def test_the_stream_variant_keeps_at_most_its_held_windows_in_the_engine_and_cou
     whose windows finish when read (the real engine's path runs in the quick benchmark above)."""
     from collections import namedtuple
 
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
     from benchmarks.run import TreeMemory, run_stream
 
     Completion = namedtuple("Completion", "token_ids finish_reason")
@@ -474,7 +477,7 @@ def test_the_stream_variant_keeps_at_most_its_held_windows_in_the_engine_and_cou
     class Stream:
         def submit(self, prompts: list, params: list) -> Window:
             nonlocal most
-            assert len(params) == len(prompts)
+            assert len(params) == len(prompts) and all(p.output_kind == RequestOutputKind.FINAL_ONLY for p in params)
             live.append(len(prompts))
             most = max(most, len(live))
             return Window(prompts)
@@ -484,7 +487,7 @@ def test_the_stream_variant_keeps_at_most_its_held_windows_in_the_engine_and_cou
     prompts = [[1] * (i % 5 + 1) for i in range(23)]
     memory = TreeMemory()
     try:
-        got = run_stream(engine, prompts, None, memory, window=4, held=3)
+        got = run_stream(engine, prompts, SamplingParams(max_tokens=8), memory, window=4, held=3)
     finally:
         memory.close()
     assert most == 3 and not live
