@@ -68,7 +68,9 @@
 #              left where it was), calls in turn with RUN_EXTRA=--reversed-first for ABBA pairs: about 6 minutes
 #              each (benchmarks/results/gpu-h100/lease-2026-12-06f/: pinning did not pay); VARIANTS=stream: raw's
 #              prompts through batchgen's engine stream in windows, no pipeline (the feeding's cost apart from the
-#              pipeline's)
+#              pipeline's); RUN_EXTRA=--profile-engine-core: py-spy on vLLM's engine core during every method
+#              (its time by thread and function side by side in the .md; the stacks in
+#              variants16-engine-core-profiles.tgz)
 #   here       the same comparison at 80 and 16 tokens (HF, the loop and the retry runs on a few items only) with
 #              vLLM's front end in the run's process (--front-end here), into $RES/front-end-here: the pair of `run`
 #   run_batch  benchmarks.run_batch_compare: `vllm run-batch` against `batchgen run`, each a fresh process, on the
@@ -91,6 +93,8 @@
 set -u
 
 PY=${PYTHON:-python3}
+# py-spy for profile16 and benchmarks.run --profile-engine-core: the PATH's, else the payload's
+export PYSPY=${PYSPY:-$(command -v py-spy || echo /tmp/site/bin/py-spy)}
 SESSION_SECONDS=${SESSION_SECONDS:-540}
 STEPS=" ${STEPS:-run big_model} "
 started=$(date +%s)
@@ -159,7 +163,6 @@ step here 420 "$PY" -m benchmarks.run --front-end here --sizes 10000 --max-token
 step run_batch 540 "$PY" -m benchmarks.run_batch_compare --items 10000 --max-tokens 80 --out "$RES/run-batch"
 step run_batch_retries 560 "$PY" -m benchmarks.run_batch_compare --items 10000 --max-tokens 80 --retries \
   --out "$RES/run-batch"
-PYSPY=${PYSPY:-$(command -v py-spy || echo /tmp/site/bin/py-spy)}
 step profile16 300 "$PYSPY" record --subprocesses --threads --rate 100 --format raw \
   --output "$LOGS/profile16.txt" -- "$PY" -m benchmarks.run --sizes 10000 --max-tokens 16 --hf-items 8 \
   --serial-items 4 --retry-items 8 --out "$RES/profile16"
@@ -185,6 +188,8 @@ if [ "$LOGS" != "$RES" ]; then
       cp "$RES/variants80/$name" "$LOGS/variants80-$name"
     [[ $STEPS == *" variants16 "* && -f "$RES/variants16/$name" ]] &&
       cp "$RES/variants16/$name" "$LOGS/variants16-$name"
+    [[ $name == latest.json && $STEPS == *" variants16 "* && -d "$RES/variants16/engine-core-profiles" ]] &&
+      tar -C "$RES/variants16" -czf "$LOGS/variants16-engine-core-profiles.tgz" engine-core-profiles
     [[ $STEPS == *" floor "* && -f "$RES/pipeline-floor/$name" ]] && cp "$RES/pipeline-floor/$name" "$LOGS/floor-$name"
   done
   [[ $STEPS == *" run_batch "* && -f "$RES/run-batch/run_batch.json" ]] && cp "$RES/run-batch/run_batch.json" "$LOGS/"

@@ -261,6 +261,31 @@ def variants_lines(variants: dict[str, Any] | None) -> list[str]:
     return lines + [""]
 
 
+def profile_lines(profiles: dict[str, Any] | None, top: int = 12) -> list[str]:
+    """--profile-engine-core: vLLM's engine core's seconds active in each method's run, by thread and by the
+    functions that ran themselves, one column per run (the `top` functions of any run)."""
+    if not profiles:
+        return []
+    labels = list(profiles)
+    names: dict[str, None] = {}
+    for p in profiles.values():
+        names.update(dict.fromkeys(list(p["self"])[:top]))
+    threads: dict[str, None] = {}
+    for p in profiles.values():
+        threads.update(dict.fromkeys(p["threads"]))
+    lines = ["vLLM's engine core under py-spy (`--profile-engine-core`, "
+             f"{profiles[labels[0]]['rate']} samples a second, a thread counted while active, as py-spy tells idle "
+             "ones apart): seconds per run, by thread, then by the function running itself.", "",
+             "| | " + " | ".join(labels) + " |", "| --- |" + " ---: |" * len(labels),
+             "| recorded (wall) | " + " | ".join(_num(profiles[k]["recorded_seconds"]) for k in labels) + " |",
+             "| active, every thread | " + " | ".join(_num(profiles[k]["active_seconds"]) for k in labels) + " |"]
+    lines += [f"| thread {t} | " + " | ".join(_num(profiles[k]["threads"].get(t, 0.0)) for k in labels) + " |"
+              for t in threads]
+    lines += [f"| `{name.replace('|', '/')}` | " + " | ".join(_num(profiles[k]["self"].get(name, 0.0)) for k in labels)
+              + " |" for name in names]
+    return lines + [""]
+
+
 def beside_lines(beside: dict[str, Any] | None) -> list[str]:
     """--beside-pipeline: raw vLLM's rate while the pipeline ran beside it, against its rate alone."""
     if not beside:
@@ -313,7 +338,7 @@ def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "")
             "",
         ]
         lines += (repeats_lines(entry.get("repeats")) + variants_lines(entry.get("flow_variants"))
-                  + beside_lines(entry.get("raw_beside_pipeline")))
+                  + profile_lines(entry.get("engine_core_profile")) + beside_lines(entry.get("raw_beside_pipeline")))
     marginal = case.get("pipeline_overhead_marginal")
     if marginal and marginal["per_item_ms"] <= 0:
         small, large = marginal["between_items"]

@@ -38,6 +38,7 @@ import os
 import platform
 import queue
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -88,6 +89,7 @@ class Config:
     flow_variants: list[str] = field(default_factory=list)  # --flow-variants, "default" first; empty: the flow as is
     repeats: int = 1
     reversed_first: bool = False  # --reversed-first: the first repeat in the order of the second
+    profile_engine_core: bool = False  # --profile-engine-core: py-spy on vLLM's engine core around every method
     beside_pipeline: int = 0  # items of the stand-in pipeline run beside raw vLLM (0: not measured)
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="batchgen-bench-")))
 
@@ -167,6 +169,12 @@ def parse_args(argv: list[str] | None) -> Config:
     parser.add_argument("--reversed-first", action="store_true",
                         help="start with the order of the second repeat (the flow first; with --flow-variants, the "
                              "last variant first): a run of one repeat that pairs with an earlier one")
+    parser.add_argument("--profile-engine-core", action="store_true",
+                        help="record vLLM's engine core process with py-spy (from $PYSPY, else the PATH) during each "
+                             "raw call, flow run and stream run at every size: its active time by thread and by "
+                             "function, side by side, in `engine_core_profile` (collapsed stacks in "
+                             "OUT/engine-core-profiles/): where its steps spend more time beside the flow than in "
+                             "raw's call. Needs an engine core process of its own (GPUs)")
     parser.add_argument("--beside-pipeline", type=int, default=0, metavar="ITEMS",
                         help="at the largest size, also run raw vLLM once more while benchmarks.pipeline_only runs "
                              "the flow on ITEMS items with its engine stood in, in a process of its own: how much "
@@ -213,6 +221,7 @@ def parse_args(argv: list[str] | None) -> Config:
                     memory_max_tokens=base["memory_max_tokens"],
                     pipeline_sizes=_int_list(args.pipeline_sizes) if args.pipeline_sizes else [],
                     with_retries=args.with_retries, repeats=args.repeats, reversed_first=args.reversed_first,
+                    profile_engine_core=args.profile_engine_core,
                     beside_pipeline=args.beside_pipeline,
                     retry_variants=args.retry_variants if args.retry_variants[:1] == ["in_stream"] else
                     ["in_stream"] + args.retry_variants,
@@ -227,6 +236,8 @@ def parse_args(argv: list[str] | None) -> Config:
         ENGINE.update(extra_args={"scheduling_policy": args.scheduling_policy})
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.profile_engine_core and py_spy() is None:
+        parser.error("--profile-engine-core needs py-spy: on the PATH, or PYSPY=/path/to/py-spy")
     if set(config.retry_sizes) - set(config.sizes):
         parser.error(f"--retry-sizes {config.retry_sizes}: each must be one of --sizes {config.sizes}")
     if config.retry_sizes and not config.with_retries:
@@ -667,6 +678,112 @@ def run_stream(engine: Any, prompts: list[list[int]], params: Any, memory: TreeM
         wall = time.perf_counter() - started
     figures = method_figures(len(prompts), tokens, wall, first, mem, finish=dict(finish))
     return {"flow": figures, "generation": dict(figures), "engine_feed": feed_delta(feed_before, engine.feed())}
+
+
+# ---------------------------------------------------------------- vLLM's engine core under py-spy
+
+PROFILE_RATE = 200  # py-spy's samples a second (--profile-engine-core)
+
+
+def py_spy() -> str | None:
+    """py-spy's path: $PYSPY, else the PATH's; None where neither is an executable."""
+    import shutil
+
+    found = os.environ.get("PYSPY") or shutil.which("py-spy")
+    return found if found and os.access(found, os.X_OK) else None
+
+
+def engine_core_pids() -> list[int]:
+    """vLLM's engine core processes in this process's tree (titled VLLM::EngineCore...; not its model workers)."""
+    import psutil
+
+    pids = []
+    for proc in descendants(psutil, psutil.Process()):
+        try:
+            if "EngineCore" in proc.name() + " " + " ".join(proc.cmdline()):
+                pids.append(proc.pid)
+        except Exception:  # noqa: BLE001  (a process that ended meanwhile)
+            continue
+    return pids
+
+
+@contextmanager
+def engine_core_profile(cfg: Config, label: str, into: dict[str, Any]) -> Iterator[None]:
+    """With --profile-engine-core: py-spy records vLLM's engine core for the block (without pausing it, each
+    thread, idle threads left out), the collapsed stacks into
+    OUT/engine-core-profiles/LABEL.txt and their summary (profile_summary) into `into[label]`. Nothing where the
+    engine core runs in this process (CPU builds) or py-spy cannot attach."""
+    pids = engine_core_pids() if cfg.profile_engine_core else []
+    if cfg.profile_engine_core and not pids:
+        log("--profile-engine-core: no engine core process of its own to record")
+    if not pids:
+        yield
+        return
+    folder = cfg.out / "engine-core-profiles"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{label}.txt"
+    spy = subprocess.Popen([str(py_spy()), "record", "--pid", str(pids[0]), "--threads", "--nonblocking",
+                            "--rate", str(PROFILE_RATE), "--format", "raw", "--output", str(path)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert spy.stdout is not None
+    for line in spy.stdout:  # it says so once it samples: the block starts then
+        if "Sampling process" in line:
+            break
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds = time.perf_counter() - started
+        if spy.poll() is None:
+            spy.send_signal(signal.SIGINT)
+        try:
+            _, err = spy.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            _, err = spy.communicate()
+        if path.exists():
+            into[label] = profile_summary(path.read_text(encoding="utf-8"), seconds, PROFILE_RATE)
+        else:
+            log(f"py-spy wrote no profile of the engine core for {label}: {err.strip()[-400:]}")
+
+
+def _function(frame: str) -> str:
+    """A collapsed stack's frame without its line: `name (path:line)` -> `name (path)`."""
+    name, _, where = frame.partition(" (")
+    return f"{name} ({where.rpartition(':')[0] or where.rstrip(')')})" if where else name
+
+
+def profile_summary(collapsed: str, seconds: float, rate: int, top: int = 15) -> dict[str, Any]:
+    """py-spy's collapsed stacks (`thread (TID): NAME;frame;frame COUNT` a line, from `record --threads --format
+    raw`) summed: the seconds active (samples / rate) by thread name, and the functions with the most, running
+    themselves (`self`: a stack's last frame) and with what they called (`total`: once per stack), the `top` of
+    each in seconds; `seconds`: how long the recording ran."""
+    threads: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    samples = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        frames = stack.split(";")
+        head, _, name = frames[0].partition(": ")
+        if head.startswith("thread"):
+            threads[name or head] += n
+            frames = frames[1:]
+        functions = [_function(f) for f in frames]
+        if functions:
+            own[functions[-1]] += n
+        for function in set(functions):
+            total[function] += n
+
+    def secs(counter: Counter[str]) -> dict[str, float]:
+        return {k: round(v / rate, 2) for k, v in counter.most_common(top)}
+
+    return {"recorded_seconds": round(seconds, 3), "rate": rate, "active_seconds": round(samples / rate, 2),
+            "threads": secs(threads), "self": secs(own), "total": secs(total)}
 
 
 def run_raw_beside_pipeline(engine: Any, prompts: list[list[int]], params: Any, memory: TreeMemory,
@@ -1394,6 +1511,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
     variants = cfg.flow_variants or ["default"]
     for n in cfg.sizes:
         pairs = []
+        profiles: dict[str, Any] = {}  # --profile-engine-core: the engine core's profile per method and repeat
         for repeat in range(cfg.repeats):
             # ABBA: raw first in even repeats, the flow first in odd ones (with --flow-variants, the whole order
             # reversed), so that a drift of the host's speed during the run weighs on all alike
@@ -1402,22 +1520,25 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             order = ["raw"] + variants
             for method in (order if (repeat + cfg.reversed_first) % 2 == 0 else order[::-1]):
                 cold_prefix_cache(engine)
+                profiled = engine_core_profile(cfg, f"{n}x{max_tokens}-repeat{repeat + 1}-{method}", profiles)
                 if method == "raw":
                     log(f"(b) raw vLLM, one call on {n} prompts, max_tokens {max_tokens}{which}")
-                    pair["raw"] = run_raw(engine, prompt_ids[:n], params, memory)
+                    with profiled:
+                        pair["raw"] = run_raw(engine, prompt_ids[:n], params, memory)
                     continue
                 named = f" ({method}: {FLOW_VARIANTS[method][1]})" if cfg.flow_variants else ""
                 settings = FLOW_VARIANTS[method][0]
                 if "stream_window" in settings:
                     log(f"(a) {n} prompts, max_tokens {max_tokens}{which}{named}")
-                    pair["runs"][method] = run_stream(engine, prompt_ids[:n], params, memory,
-                                                      int(settings["stream_window"]),
-                                                      int(settings["stream_windows_held"]))
+                    with profiled:
+                        pair["runs"][method] = run_stream(engine, prompt_ids[:n], params, memory,
+                                                          int(settings["stream_window"]),
+                                                          int(settings["stream_windows_held"]))
                     continue
                 log(f"(a) the flow on {n} items, max_tokens {max_tokens}{which}{named}")
                 out = cfg.work / f"out-{n}-{max_tokens}" / f"repeat-{repeat + 1}"
                 out = out if method == "default" else out.with_name(f"{out.name}-{method}")
-                with flow_variant(engine, method):
+                with flow_variant(engine, method), profiled:
                     run = run_flow(bench_job(csvs[n], out, max_tokens), memory, by_item)
                 identical = identical and bool(run["prompts_identical"])
                 if method == "default":
@@ -1472,6 +1593,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             "ratio_flow_vs_hf": ratio(flow["output_tokens_per_second"], hf["output_tokens_per_second"]),
             **({"repeats": spread["pairs"]} if cfg.repeats > 1 else {}),
             **({"flow_variants": variant_ratios(pairs, variants)} if cfg.flow_variants else {}),
+            **({"engine_core_profile": profiles} if profiles else {}),
         }
         log(f"{n} items, max_tokens {max_tokens}: flow {flow['output_tokens_per_second']} tok/s, raw "
             f"{raw['output_tokens_per_second']} tok/s, ratio {sizes[str(n)]['ratio_flow_vs_raw']}"

@@ -495,6 +495,84 @@ def test_the_stream_variant_keeps_at_most_its_held_windows_in_the_engine_and_cou
     assert got["flow"]["finish"] == {"stop": 23} and got["generation"]["output_tokens"] == got["flow"]["output_tokens"]
 
 
+def test_an_engine_core_profile_sums_seconds_by_thread_and_by_function():
+    """benchmarks.run.profile_summary over py-spy's collapsed stacks (`record --threads --format raw`): seconds
+    active by thread, by the function running itself (the stack's last frame, lines merged) and with what it
+    called (once per stack)."""
+    from benchmarks.run import profile_summary
+
+    collapsed = "\n".join([
+        "thread (11): MainThread;run_busy_loop (vllm/v1/engine/core.py:700);step (vllm/v1/engine/core.py:300);"
+        "schedule (vllm/v1/core/sched/scheduler.py:200) 300",
+        "thread (11): MainThread;run_busy_loop (vllm/v1/engine/core.py:700);step (vllm/v1/engine/core.py:310);"
+        "schedule (vllm/v1/core/sched/scheduler.py:250) 100",
+        "thread (11): MainThread;run_busy_loop (vllm/v1/engine/core.py:700);step (vllm/v1/engine/core.py:320) 150",
+        "thread (12): Thread-2 (process_input_sockets);process_input_sockets (vllm/v1/engine/core.py:900) 50",
+        "", "not a stack line"])
+    got = profile_summary(collapsed, seconds=3.5, rate=200)
+    assert got["active_seconds"] == 3.0 and got["recorded_seconds"] == 3.5 and got["rate"] == 200
+    assert got["threads"] == {"MainThread": 2.75, "Thread-2 (process_input_sockets)": 0.25}
+    assert got["self"] == {"schedule (vllm/v1/core/sched/scheduler.py)": 2.0, "step (vllm/v1/engine/core.py)": 0.75,
+                           "process_input_sockets (vllm/v1/engine/core.py)": 0.25}
+    assert got["total"]["run_busy_loop (vllm/v1/engine/core.py)"] == 2.75  # each stack once, not once per frame
+    assert got["total"]["step (vllm/v1/engine/core.py)"] == 2.75
+
+
+def test_the_engine_core_is_recorded_for_the_block_alone(tmp_path, monkeypatch):
+    """--profile-engine-core: py-spy starts on the engine core's pid, the block runs once it samples, it is
+    stopped with SIGINT after the block and its stacks are summed under the block's label. py-spy stood in by a
+    script that behaves as `py-spy record` does (its line on stdout once sampling, its file written at SIGINT)."""
+    import benchmarks.run as run_module
+    from benchmarks.report import profile_lines
+
+    spy = tmp_path / "py-spy"
+    spy.write_text("#!" + sys.executable + "\n" + """
+import signal, sys, time
+args = sys.argv[1:]
+out = args[args.index("--output") + 1]
+pid = args[args.index("--pid") + 1]
+started = time.monotonic()
+def stop(*_):
+    seconds = time.monotonic() - started
+    with open(out, "w") as f:
+        f.write(f"thread (1): MainThread;busy_for_{pid} (core.py:1) {max(1, round(seconds * 200))}\\n")
+    sys.exit(0)
+signal.signal(signal.SIGINT, stop)
+print("py-spy> Sampling process 200 times a second. Press Control-C to exit.", flush=True)
+while True:
+    time.sleep(0.01)
+""")
+    spy.chmod(0o755)
+    monkeypatch.setenv("PYSPY", str(spy))
+    monkeypatch.setattr(run_module, "engine_core_pids", lambda: [4242])
+    cfg = run_module.parse_args(["--profile-engine-core", "--out", str(tmp_path / "out")])
+    cfg.out = tmp_path / "out"
+    profiles: dict = {}
+    with run_module.engine_core_profile(cfg, "8x16-repeat1-raw", profiles):
+        time.sleep(0.5)
+    got = profiles["8x16-repeat1-raw"]
+    assert 0.5 <= got["recorded_seconds"] < 5
+    assert got["self"] == {"busy_for_4242 (core.py)": got["active_seconds"]} and got["active_seconds"] >= 0.5
+    assert (tmp_path / "out" / "engine-core-profiles" / "8x16-repeat1-raw.txt").exists()
+    table = "\n".join(profile_lines(profiles))
+    assert "| | 8x16-repeat1-raw |" in table and "| `busy_for_4242 (core.py)` | " in table
+    monkeypatch.setattr(run_module, "engine_core_pids", lambda: [])  # a CPU build: the engine core in-process
+    with run_module.engine_core_profile(cfg, "8x16-repeat1-default", profiles):
+        pass
+    assert list(profiles) == ["8x16-repeat1-raw"]
+
+
+def test_profiling_the_engine_core_without_py_spy_stops_with_exit_2(monkeypatch, tmp_path, capsys):
+    from benchmarks.run import parse_args
+
+    monkeypatch.setenv("PYSPY", str(tmp_path / "none"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(["--profile-engine-core"])
+    assert stopped.value.code == 2
+    assert "--profile-engine-core needs py-spy" in capsys.readouterr().err
+
+
 def test_the_warm_up_waits_for_the_workers_it_started_to_be_ready(monkeypatch):
     """benchmarks.run.workers_ready: the first measured method does not run beside the workers' imports; a worker
     that never says it is ready holds the run up to the timeout only."""
