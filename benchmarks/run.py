@@ -722,13 +722,23 @@ def engine_core_profile(cfg: Config, label: str, into: dict[str, Any]) -> Iterat
     folder = cfg.out / "engine-core-profiles"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{label}.txt"
+    errors = tempfile.TemporaryFile(mode="w+")  # not a pipe: nothing reads it until py-spy has ended
     spy = subprocess.Popen([str(py_spy()), "record", "--pid", str(pids[0]), "--threads", "--nonblocking",
                             "--rate", str(PROFILE_RATE), "--format", "raw", "--output", str(path)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert spy.stdout is not None
-    for line in spy.stdout:  # it says so once it samples: the block starts then
-        if "Sampling process" in line:
-            break
+                           stdout=subprocess.PIPE, stderr=errors, text=True)
+    answered = threading.Event()
+
+    def read_stdout() -> None:  # it says so once it samples (the block starts then), or ends
+        assert spy.stdout is not None
+        for line in spy.stdout:
+            if "Sampling process" in line:
+                answered.set()
+        answered.set()
+
+    threading.Thread(target=read_stdout, name="py-spy-stdout", daemon=True).start()
+    if not answered.wait(20):
+        log(f"py-spy did not start sampling the engine core in 20 s: {label} not recorded")
+        spy.kill()
     started = time.perf_counter()
     try:
         yield
@@ -737,10 +747,13 @@ def engine_core_profile(cfg: Config, label: str, into: dict[str, Any]) -> Iterat
         if spy.poll() is None:
             spy.send_signal(signal.SIGINT)
         try:
-            _, err = spy.communicate(timeout=60)
+            spy.wait(timeout=60)
         except subprocess.TimeoutExpired:
             spy.kill()
-            _, err = spy.communicate()
+            spy.wait()
+        errors.seek(0)
+        err = errors.read()
+        errors.close()
         if path.exists():
             into[label] = profile_summary(path.read_text(encoding="utf-8"), seconds, PROFILE_RATE)
         else:

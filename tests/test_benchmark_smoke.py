@@ -560,6 +560,13 @@ while True:
     with run_module.engine_core_profile(cfg, "8x16-repeat1-default", profiles):
         pass
     assert list(profiles) == ["8x16-repeat1-raw"]
+    # py-spy that cannot attach (it exits at once): the block runs without waiting for it, nothing recorded
+    spy.write_text("#!" + sys.executable + "\nimport sys\nsys.exit('Error: Failed to find python version')\n")
+    monkeypatch.setattr(run_module, "engine_core_pids", lambda: [4242])
+    began = time.monotonic()
+    with run_module.engine_core_profile(cfg, "8x16-repeat1-stream", profiles):
+        pass
+    assert time.monotonic() - began < 10 and list(profiles) == ["8x16-repeat1-raw"]
 
 
 def test_profiling_the_engine_core_without_py_spy_stops_with_exit_2(monkeypatch, tmp_path, capsys):
