@@ -285,10 +285,7 @@ def _group(proc: Any) -> str:
     """engine (vLLM's engine core and workers), front_end (batchgen's engine process: vLLM's front end and the
     engine stream), workers (batchgen's validation and report workers), prefect_server, or other. Read at every
     sample: a spawned vLLM process shows its VLLM:: title only once it has set it."""
-    try:
-        title = proc.name() + " " + " ".join(proc.cmdline())
-    except Exception:
-        return "other"
+    title = _title(proc)
     if "VLLM" in title:
         return "engine"
     if "batchgen.engine_process" in title:
@@ -298,6 +295,14 @@ def _group(proc: Any) -> str:
     if "uvicorn" in title or "prefect" in title:
         return "prefect_server"
     return "other"
+
+
+def _title(proc: Any) -> str:
+    """A process's name and command line, by which _group and engine_core_pids know it ("" once it has ended)."""
+    try:
+        return proc.name() + " " + " ".join(proc.cmdline())
+    except Exception:  # noqa: BLE001  (ended, or not ours to read)
+        return ""
 
 
 def descendants(psutil: Any, proc: Any, known: dict[int, Any] | None = None) -> list[Any]:
@@ -697,14 +702,7 @@ def engine_core_pids() -> list[int]:
     """vLLM's engine core processes in this process's tree (titled VLLM::EngineCore...; not its model workers)."""
     import psutil
 
-    pids = []
-    for proc in descendants(psutil, psutil.Process()):
-        try:
-            if "EngineCore" in proc.name() + " " + " ".join(proc.cmdline()):
-                pids.append(proc.pid)
-        except Exception:  # noqa: BLE001  (a process that ended meanwhile)
-            continue
-    return pids
+    return [proc.pid for proc in descendants(psutil, psutil.Process()) if "EngineCore" in _title(proc)]
 
 
 @contextmanager
@@ -1143,7 +1141,7 @@ def pin_engine_cores(engine_cores: int, front_end_cores: int, from_end: bool = F
         return {}
     before: dict[int, set[int]] = {}
     for proc in [me, *descendants(psutil, me)]:
-        group = "rest" if proc.pid == me.pid else _group(proc)
+        group = _pin_group(me, proc)
         if engine_only and group != "engine":
             continue
         cpus = plan.get(group, plan["rest"])
@@ -1159,6 +1157,11 @@ def pin_engine_cores(engine_cores: int, front_end_cores: int, from_end: bool = F
     return before
 
 
+def _pin_group(me: Any, proc: Any) -> str:
+    """The group whose CPUs a process of the tree gets in core_plan: this process goes with the rest."""
+    return "rest" if proc.pid == me.pid else _group(proc)
+
+
 def restore_affinity(before: dict[int, set[int]], engine_only: bool = False) -> None:
     """Each thread pinned by pin_engine_cores back on its CPUs before (threads started since: on every CPU this
     process had before, from its own main thread's; `engine_only`: the engine core's threads alone)."""
@@ -1169,7 +1172,7 @@ def restore_affinity(before: dict[int, set[int]], engine_only: bool = False) -> 
     me = psutil.Process()
     every = before.get(me.pid) or set(os.sched_getaffinity(0))  # engine_only: this process was not pinned
     for proc in [me, *descendants(psutil, me)]:
-        if engine_only and (proc.pid == me.pid or _group(proc) != "engine"):
+        if engine_only and _pin_group(me, proc) != "engine":
             continue
         for task in Path(f"/proc/{proc.pid}/task").glob("*"):
             try:
