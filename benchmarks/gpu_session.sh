@@ -70,7 +70,10 @@
 #              prompts through batchgen's engine stream in windows, no pipeline (the feeding's cost apart from the
 #              pipeline's); RUN_EXTRA=--profile-engine-core: py-spy on vLLM's engine core during every method
 #              (its time by thread and function side by side in the .md; the stacks in
-#              variants16-engine-core-profiles.tgz)
+#              variants16-engine-core-profiles.tgz, for python -m benchmarks.profile_compare). SIZES=60000
+#              REPEATS16=1 VARIANTS=stream RUN_EXTRA=--profile-engine-core: about 5.5 minutes with the setup, 4 more
+#              with --reversed-first (lease-2026-12-06g: the stream as slow as the flow); VARIANTS="stream stream_all
+#              wide": whether queuing every request at the start (the stream's, the flow's) restores raw's pace
 #   here       the same comparison at 80 and 16 tokens (HF, the loop and the retry runs on a few items only) with
 #              vLLM's front end in the run's process (--front-end here), into $RES/front-end-here: the pair of `run`
 #   run_batch  benchmarks.run_batch_compare: `vllm run-batch` against `batchgen run`, each a fresh process, on the

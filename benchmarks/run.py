@@ -539,9 +539,10 @@ ENGINE: dict[str, Any] = {}
 
 
 def bench_job(products: Path, out_dir: Path, max_tokens: int, retry: dict[str, Any] | None = None,
-              extra: dict[str, dict[str, Any]] | None = None) -> Any:
+              extra: dict[str, Any] | None = None) -> Any:
     """The example job's prompt and expectations over `products`, with the benchmark's sampling; `extra`: more
-    settings per section (e.g. {"engine": {"model": ...}})."""
+    settings per section (e.g. {"engine": {"model": ...}}), or a top-level setting's value (e.g.
+    {"window_size": 8192})."""
     from batchgen.job import load_job
 
     overrides: dict[str, Any] = {
@@ -553,7 +554,7 @@ def bench_job(products: Path, out_dir: Path, max_tokens: int, retry: dict[str, A
         **({"engine": dict(ENGINE)} if ENGINE else {}),
     }
     for section, values in (extra or {}).items():
-        overrides[section] = {**overrides.get(section, {}), **values}
+        overrides[section] = {**overrides.get(section, {}), **values} if isinstance(values, dict) else values
     return load_job(JOB_FILE, overrides=overrides)
 
 
@@ -1007,10 +1008,13 @@ def first_results(timings: dict[str, float], body_started: float, called_at: flo
 # The `stream` variant's feeding: about as many requests in the engine as the flow keeps there (4,150-4,250 on
 # average at 60,000 x 16 on an H100, benchmarks/results/gpu-h100/lease-2026-12-06f/), a window at a time.
 STREAM_WINDOW, STREAM_WINDOWS_HELD = 512, 8
+ALL = 1_000_000  # a window's requests, or every window, at once
+# The job's own settings a variant may set (bench_job's top-level settings)
+JOB_SETTINGS = ("window_size", "windows_in_flight")
 
 FLOW_VARIANTS: dict[str, tuple[dict[str, int | bool], str]] = {
     "default": ({}, "the flow as it is"),
-    "add_all": ({"add_per_step": 1_000_000}, "its engine stream adds a window's requests between two steps at once "
+    "add_all": ({"add_per_step": ALL}, "its engine stream adds a window's requests between two steps at once "
                                              "(batchgen.stream.ADD_PER_STEP otherwise)"),
     "held8": ({"windows_held_per_place": 8}, "it holds 8 windows per place, with retries or without"),
     "held1": ({"windows_held_per_place": 1}, "it holds 1 window per place"),
@@ -1031,6 +1035,13 @@ FLOW_VARIANTS: dict[str, tuple[dict[str, int | bool], str]] = {
                f"no flow: raw's prompts and sampling through batchgen's engine stream, in windows of {STREAM_WINDOW} "
                f"with {STREAM_WINDOWS_HELD} in the engine at a time, about as the flow feeds it, nothing else running "
                "(its generation stage without the pipeline's work)"),
+    "stream_all": ({"stream_window": STREAM_WINDOW, "stream_windows_held": ALL, "add_per_step": ALL},
+                   "no flow: raw's prompts and sampling through batchgen's engine stream, every window sent at the "
+                   "start and each window's requests added between two steps at once: raw's way of feeding (all its "
+                   "requests queued before its first steps) through the stream"),
+    "wide": ({"window_size": 8192, "windows_in_flight": 8},
+             "the job's windows of 8,192 items, 8 feeding the engine at once (up to 65,536 requests queued, against "
+             "3 of 2,048): the flow queuing about as much as raw's call up to 60,000 items"),
 }
 
 
@@ -1434,10 +1445,17 @@ def warm_up(cfg: Config, engine: Any, job: Any, prompts: list[list[int]], memory
     from batchgen.generation import sampling_kwargs
 
     started = time.perf_counter()
-    engine.run(timed_generate, prompts[:8], SamplingParams(**{**sampling_kwargs(job.sampling), "max_tokens": 4}))
+    warm = SamplingParams(**{**sampling_kwargs(job.sampling), "max_tokens": 4})
+    engine.run(timed_generate, prompts[:8], warm)
     raw_seconds = time.perf_counter() - started
     if cfg.quick:  # --quick checks the plumbing only: its flow row includes these one-time costs
         return {"raw_seconds": round(raw_seconds, 3), "flow_seconds": None}
+    # Batches whose size is a multiple of 16 run Triton kernels compiled for that case (vLLM's top-k/top-p on a
+    # GPU): compiled here, not in the first method measured (1.1-1.4 s of its engine core's time on an H100,
+    # benchmarks/results/gpu-h100/lease-2026-12-06g/)
+    started = time.perf_counter()
+    engine.run(timed_generate, prompts[:WARM_UP_WIDE], warm)
+    raw_seconds += time.perf_counter() - started
     products = write_products(cfg.work / "products-warmup.csv", 8)
     log("warm-up flow run (8 items, max_tokens 4)")
     warm = run_flow(bench_job(products, cfg.work / "out-warmup", 4), memory)
@@ -1446,6 +1464,7 @@ def warm_up(cfg: Config, engine: Any, job: Any, prompts: list[list[int]], memory
             "workers_ready_seconds": round(waited, 3)}
 
 
+WARM_UP_WIDE = 64
 WORKERS_READY_SECONDS = 180.0
 
 
@@ -1546,7 +1565,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
                 settings = FLOW_VARIANTS[method][0]
                 if "stream_window" in settings:
                     log(f"(a) {n} prompts, max_tokens {max_tokens}{which}{named}")
-                    with profiled:
+                    with flow_variant(engine, method), profiled:
                         pair["runs"][method] = run_stream(engine, prompt_ids[:n], params, memory,
                                                           int(settings["stream_window"]),
                                                           int(settings["stream_windows_held"]))
@@ -1554,8 +1573,9 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
                 log(f"(a) the flow on {n} items, max_tokens {max_tokens}{which}{named}")
                 out = cfg.work / f"out-{n}-{max_tokens}" / f"repeat-{repeat + 1}"
                 out = out if method == "default" else out.with_name(f"{out.name}-{method}")
+                job_settings = {key: settings[key] for key in JOB_SETTINGS if key in settings}
                 with flow_variant(engine, method), profiled:
-                    run = run_flow(bench_job(csvs[n], out, max_tokens), memory, by_item)
+                    run = run_flow(bench_job(csvs[n], out, max_tokens, extra=job_settings), memory, by_item)
                 identical = identical and bool(run["prompts_identical"])
                 if method == "default":
                     pair["run"], pair["out"] = run, out

@@ -28,7 +28,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
                            "--retry-variants", "in_stream",
                            "continue_then_grow_ahead_in_stream", "in_stream", "to_cap_in_stream",
                            "--windows-held-per-place", "3", "--add-per-step", "5",
-                           "--flow-variants", "add_all", "stream", "--out", str(out)],
+                           "--flow-variants", "add_all", "stream", "stream_all", "wide", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
@@ -65,15 +65,16 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
 
     # --flow-variants: the default flow and each variant beside the same raw call of every repeat
     variants = result["sizes"]["8"]["flow_variants"]
-    assert list(variants) == ["default", "add_all", "stream"] and result["config"]["flow_variants"]["add_all"] == {
-        "add_per_step": 1_000_000}
+    assert list(variants) == ["default", "add_all", "stream", "stream_all", "wide"]
+    assert result["config"]["flow_variants"]["add_all"] == {"add_per_step": 1_000_000}
+    assert result["config"]["flow_variants"]["wide"] == {"window_size": 8192, "windows_in_flight": 8}
     assert [p["flow_wall_seconds"] for p in variants["default"]["pairs"]] == [p["flow_wall_seconds"] for p in pairs]
     for v in variants.values():
         assert len(v["pairs"]) == 2 and all(p["engine_steps"] > 0 and p["ratio_flow_vs_raw"] > 0 for p in v["pairs"])
     assert "| add_all | add_per_step 1,000,000 |" in (out / "latest.md").read_text(encoding="utf-8")
     # stream: raw's prompts through the engine's stream, no flow: as many tokens as raw's call (greedy at 8 tokens
     # would be needed for equality; sampled, each output is at most 8 tokens and at least 1)
-    for row in variants["stream"]["pairs"]:
+    for row in variants["stream"]["pairs"] + variants["stream_all"]["pairs"]:
         assert 8 <= row["flow_output_tokens"] <= 64 and row["flow_wall_seconds"] > 0
 
     # the flow's time outside the engine's span: before its first request and after its last output, whose parts
@@ -379,6 +380,9 @@ def test_a_flow_variant_holds_for_its_block_only_and_the_flow_settings_come_back
                 raise RuntimeError("the flow failed")  # the settings come back all the same
         assert engine.llm.llm_engine.step_sizes == [600]  # one step took all 600 (256 a step otherwise)
         assert engine.stream.add_per_step == ADD_PER_STEP and held() == (8, 2)
+        with flow_variant(engine, "stream_all"):  # raw's way of feeding through the stream: a window at once
+            assert engine.stream.add_per_step == 1_000_000
+        assert engine.stream.add_per_step == ADD_PER_STEP
     finally:
         engine.close()
     assert parse_args(["--flow-variants", "held8", "add_all", "held8"]).flow_variants == ["default", "held8", "add_all"]
@@ -578,6 +582,40 @@ def test_profiling_the_engine_core_without_py_spy_stops_with_exit_2(monkeypatch,
         parse_args(["--profile-engine-core"])
     assert stopped.value.code == 2
     assert "--profile-engine-core needs py-spy" in capsys.readouterr().err
+
+
+def test_a_variant_of_the_jobs_own_settings_reaches_the_job_and_leaves_the_rest_as_it_was(tmp_path):
+    """--flow-variants wide: the job the flow runs has the variant's window_size and windows_in_flight, and the
+    benchmark's sampling and output folder as every other flow run's."""
+    from benchmarks.run import FLOW_VARIANTS, JOB_SETTINGS, bench_job, write_products
+
+    products = write_products(tmp_path / "products.csv", 4)
+    settings = {key: FLOW_VARIANTS["wide"][0][key] for key in JOB_SETTINGS}
+    job, wide = bench_job(products, tmp_path / "out", 16), bench_job(products, tmp_path / "out", 16, extra=settings)
+    assert (wide.window_size, wide.windows_in_flight) == (8192, 8) != (job.window_size, job.windows_in_flight)
+    assert wide.sampling == job.sampling and wide.output == job.output and wide.sampling.max_tokens == 16
+
+
+def test_the_warm_up_runs_a_batch_as_wide_as_a_multiple_of_16_before_anything_is_measured(tmp_path, monkeypatch):
+    """benchmarks.run.warm_up: raw's warm-up calls on 8 prompts, then on WARM_UP_WIDE (a multiple of 16: vLLM's
+    top-k/top-p Triton kernel has a variant of its own for such batches, compiled here rather than in the first
+    method measured), then the warm-up flow run; --quick stops after the first call."""
+    import benchmarks.run as run_module
+
+    calls: list[tuple[int, int]] = []
+    engine = type("E", (), {"run": lambda self, fn, prompts, params: calls.append((len(prompts), params.max_tokens))})()
+    monkeypatch.setattr(run_module, "run_flow", lambda job, memory: {"wall": 1.5})
+    monkeypatch.setattr(run_module, "workers_ready", lambda: 0.0)
+    cfg = run_module.parse_args(["--out", str(tmp_path / "out")])
+    cfg.work = tmp_path
+    job = run_module.bench_job(run_module.write_products(tmp_path / "p.csv", 4), tmp_path / "o", 16)
+    warm = run_module.warm_up(cfg, engine, job, [[1, 2, 3]] * 100, memory=None)
+    assert calls == [(8, 4), (run_module.WARM_UP_WIDE, 4)] and run_module.WARM_UP_WIDE % 16 == 0
+    assert warm["flow_seconds"] == 1.5
+    calls.clear()
+    cfg.quick = True
+    assert run_module.warm_up(cfg, engine, job, [[1, 2, 3]] * 100, memory=None)["flow_seconds"] is None
+    assert calls == [(8, 4)]
 
 
 def test_the_warm_up_waits_for_the_workers_it_started_to_be_ready(monkeypatch):
