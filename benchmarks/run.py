@@ -1445,8 +1445,8 @@ def warm_up(cfg: Config, engine: Any, job: Any, prompts: list[list[int]], memory
     from batchgen.generation import sampling_kwargs
 
     started = time.perf_counter()
-    warm = SamplingParams(**{**sampling_kwargs(job.sampling), "max_tokens": 4})
-    engine.run(timed_generate, prompts[:8], warm)
+    params = SamplingParams(**{**sampling_kwargs(job.sampling), "max_tokens": 4})
+    engine.run(timed_generate, prompts[:8], params)
     raw_seconds = time.perf_counter() - started
     if cfg.quick:  # --quick checks the plumbing only: its flow row includes these one-time costs
         return {"raw_seconds": round(raw_seconds, 3), "flow_seconds": None}
@@ -1454,7 +1454,7 @@ def warm_up(cfg: Config, engine: Any, job: Any, prompts: list[list[int]], memory
     # GPU): compiled here, not in the first method measured (1.1-1.4 s of its engine core's time on an H100,
     # benchmarks/results/gpu-h100/lease-2026-12-06g/)
     started = time.perf_counter()
-    engine.run(timed_generate, prompts[:WARM_UP_WIDE], warm)
+    engine.run(timed_generate, prompts[:WARM_UP_WIDE], params)
     raw_seconds += time.perf_counter() - started
     products = write_products(cfg.work / "products-warmup.csv", 8)
     log("warm-up flow run (8 items, max_tokens 4)")
