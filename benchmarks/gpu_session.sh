@@ -70,7 +70,8 @@
 #              prompts through batchgen's engine stream in windows, no pipeline (the feeding's cost apart from the
 #              pipeline's); RUN_EXTRA=--profile-engine-core: py-spy on vLLM's engine core during every method
 #              (its time by thread and function side by side in the .md; the stacks in
-#              variants16-engine-core-profiles.tgz, for python -m benchmarks.profile_compare). SIZES=60000
+#              variants16-engine-core-profiles.tgz, side by side by function in variants16-profile-compare.md
+#              by python -m benchmarks.profile_compare). SIZES=60000
 #              REPEATS16=1 VARIANTS=stream RUN_EXTRA=--profile-engine-core: about 5.5 minutes with the setup, 4 more
 #              with --reversed-first (lease-2026-12-06g: the stream as slow as the flow); VARIANTS="stream stream_all
 #              wide": whether queuing every request at the start (the stream's, the flow's) restores raw's pace
@@ -191,8 +192,12 @@ if [ "$LOGS" != "$RES" ]; then
       cp "$RES/variants80/$name" "$LOGS/variants80-$name"
     [[ $STEPS == *" variants16 "* && -f "$RES/variants16/$name" ]] &&
       cp "$RES/variants16/$name" "$LOGS/variants16-$name"
-    [[ $name == latest.json && $STEPS == *" variants16 "* && -d "$RES/variants16/engine-core-profiles" ]] &&
+    if [[ $name == latest.json && $STEPS == *" variants16 "* && -d "$RES/variants16/engine-core-profiles" ]]; then
       tar -C "$RES/variants16" -czf "$LOGS/variants16-engine-core-profiles.tgz" engine-core-profiles
+      # the profiles side by side by function, readable as they come back
+      "$PY" -m benchmarks.profile_compare "$RES/variants16/engine-core-profiles" --top 15 \
+        > "$LOGS/variants16-profile-compare.md" 2>&1 || true
+    fi
     [[ $STEPS == *" floor "* && -f "$RES/pipeline-floor/$name" ]] && cp "$RES/pipeline-floor/$name" "$LOGS/floor-$name"
   done
   [[ $STEPS == *" run_batch "* && -f "$RES/run-batch/run_batch.json" ]] && cp "$RES/run-batch/run_batch.json" "$LOGS/"
