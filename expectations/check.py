@@ -16,15 +16,27 @@ SAMPLE_OUTPUT = {"item_id": "sample", "candidate": 0, "attempt": 1, "text": "A s
                  "stop_reason": "\n\n", "n_output_tokens": 4, "n_prompt_tokens": 12, "cumulative_logprob": -1.5}
 
 
+# Suites that evaluated on the sample in this process: `batchgen run` checks a job before its flow starts and the
+# flow's check task checks it again in the same process (a GX validation each); a suite that failed is tried again.
+_EVALUATED: set[str] = set()
+
+
 def check_expectations(spec: JobSpec) -> None:
     """The job's suite on SAMPLE_OUTPUT when the job names GX expectations of its own (GX is imported only then):
-    expectations.validate.ExpectationError, a JobError, where GX cannot evaluate one."""
+    expectations.validate.ExpectationError, a JobError, where GX cannot evaluate one. Once per suite and process."""
     if not spec.expectations.gx:
         return
+    import json
+
     import pandas as pd
 
     from expectations.validate import validate_rows
 
+    suite = json.dumps([spec.expectations.model_dump(mode="json"), spec.sampling.structured], sort_keys=True,
+                       default=str)
+    if suite in _EVALUATED:
+        return
     keywords = pd.Series({"sample": "sample"}) if spec.expectations.keyword_column else None
     validate_rows(pd.DataFrame([SAMPLE_OUTPUT]), spec.expectations, keywords, f"{spec.name}-check",
                   structured=spec.sampling.structured)
+    _EVALUATED.add(suite)

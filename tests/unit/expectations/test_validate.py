@@ -335,3 +335,39 @@ def test_the_sample_output_checked_before_the_engine_holds_every_output_column()
     gx = [{"type": "expect_column_values_to_not_be_null", "id": f"has_{column}", "kwargs": {"column": column}}
           for column in OUTPUT_COLUMNS]
     check_expectations(job_from_dict(job_with(expectations={"gx": gx})))  # keyword_column is set: keyword_present
+
+
+def test_a_jobs_own_suite_is_tried_on_the_sample_once_per_process_and_one_that_fails_every_time(monkeypatch):
+    """`batchgen run` checks a job's GX expectations on the sample output before its flow starts, and the flow's
+    check task does again in the same process: GX validates a suite that evaluated once, not twice; a suite it cannot
+    evaluate stops the job every time it is checked."""
+    import expectations.check as check
+    import expectations.validate as validate
+    from batchgen.job import job_from_dict
+    from expectations.validate import ExpectationError
+    from tests.jobs import job_with
+
+    validated: list[str] = []
+    real = validate.validate_rows
+
+    def counted(rows, spec, keywords, name, **kwargs):
+        validated.append(name)
+        return real(rows, spec, keywords, name, **kwargs)
+
+    monkeypatch.setattr(validate, "validate_rows", counted)
+    monkeypatch.setattr(check, "_EVALUATED", set())
+    not_null = [{"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "text"}}]
+    job = job_with(expectations={"gx": not_null})
+    check.check_expectations(job_from_dict(job))
+    check.check_expectations(job_from_dict(job))
+    check.check_expectations(job_from_dict({**job, "name": "the-same-suite"}))
+    assert len(validated) == 1
+    longer = [*not_null, {"type": "expect_column_value_lengths_to_be_between", "kwargs": {"column": "text",
+                                                                                       "min_value": 1}}]
+    check.check_expectations(job_from_dict(job_with(expectations={"gx": longer})))
+    assert len(validated) == 2  # another suite: validated
+    bad = [{"type": "expect_column_values_to_be_between", "kwargs": {"column": "text", "min_value": 5}}]
+    for _ in range(2):
+        with pytest.raises(ExpectationError, match=r"^expectations\.gx\.0: Great Expectations could not evaluate"):
+            check.check_expectations(job_from_dict(job_with(expectations={"gx": bad})))
+    assert len(validated) == 4
