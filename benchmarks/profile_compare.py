@@ -17,7 +17,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.run import PROFILE_RATE, _function
+from benchmarks.run import PROFILE_RATE, collapsed_stacks
 
 CLOSE = 0.02  # functions whose seconds are within this share of each other's in every file: one row (a chain)
 
@@ -28,17 +28,10 @@ def inclusive(collapsed: str, thread: str) -> tuple[Counter[str], int, dict[str,
     by_function: Counter[str] = Counter()
     depth: dict[str, int] = {}
     samples = 0
-    for line in collapsed.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
+    for name, functions, n in collapsed_stacks(collapsed):
+        if name != thread:
             continue
-        frames = stack.split(";")
-        head, _, name = frames[0].partition(": ")
-        if not head.startswith("thread") or name != thread:
-            continue
-        n = int(count)
         samples += n
-        functions = [_function(f) for f in frames[1:]]
         for index, function in enumerate(functions):
             depth[function] = min(depth.get(function, index), index)
         for function in set(functions):

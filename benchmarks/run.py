@@ -765,27 +765,34 @@ def _function(frame: str) -> str:
     return f"{name} ({where.rpartition(':')[0] or where.rstrip(')')})" if where else name
 
 
-def profile_summary(collapsed: str, seconds: float, rate: int, top: int = 15) -> dict[str, Any]:
+def collapsed_stacks(collapsed: str) -> Iterator[tuple[str | None, list[str], int]]:
     """py-spy's collapsed stacks (`thread (TID): NAME;frame;frame COUNT` a line, from `record --threads --format
-    raw`) summed: the seconds active (samples / rate) by thread name, and the functions with the most, running
-    themselves (`self`: a stack's last frame) and with what they called (`total`: once per stack), the `top` of
-    each in seconds; `seconds`: how long the recording ran."""
-    threads: Counter[str] = Counter()
-    own: Counter[str] = Counter()
-    total: Counter[str] = Counter()
-    samples = 0
+    raw`), one (thread name, or None without one; its functions from the outermost, lines left out; samples) a
+    stack."""
     for line in collapsed.splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        n = int(count)
-        samples += n
         frames = stack.split(";")
         head, _, name = frames[0].partition(": ")
+        thread = None
         if head.startswith("thread"):
-            threads[name or head] += n
-            frames = frames[1:]
-        functions = [_function(f) for f in frames]
+            thread, frames = name or head, frames[1:]
+        yield thread, [_function(f) for f in frames], int(count)
+
+
+def profile_summary(collapsed: str, seconds: float, rate: int, top: int = 15) -> dict[str, Any]:
+    """py-spy's collapsed stacks (collapsed_stacks) summed: the seconds active (samples / rate) by thread name, and
+    the functions with the most, running themselves (`self`: a stack's last frame) and with what they called
+    (`total`: once per stack), the `top` of each in seconds; `seconds`: how long the recording ran."""
+    threads: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    samples = 0
+    for thread, functions, n in collapsed_stacks(collapsed):
+        samples += n
+        if thread is not None:
+            threads[thread] += n
         if functions:
             own[functions[-1]] += n
         for function in set(functions):

@@ -18,7 +18,7 @@ SAMPLE_OUTPUT = {"item_id": "sample", "candidate": 0, "attempt": 1, "text": "A s
 
 # Suites that evaluated on the sample in this process: `batchgen run` checks a job before its flow starts and the
 # flow's check task checks it again in the same process (a GX validation each); a suite that failed is tried again.
-_EVALUATED: set[str] = set()
+_EVALUATED: set[tuple[str, str]] = set()
 
 
 def check_expectations(spec: JobSpec) -> None:
@@ -26,14 +26,11 @@ def check_expectations(spec: JobSpec) -> None:
     expectations.validate.ExpectationError, a JobError, where GX cannot evaluate one. Once per suite and process."""
     if not spec.expectations.gx:
         return
-    import json
-
     import pandas as pd
 
     from expectations.validate import validate_rows
 
-    suite = json.dumps([spec.expectations.model_dump(mode="json"), spec.sampling.structured], sort_keys=True,
-                       default=str)
+    suite = (spec.expectations.model_dump_json(), repr(spec.sampling.structured))  # as validate's suites are keyed
     if suite in _EVALUATED:
         return
     keywords = pd.Series({"sample": "sample"}) if spec.expectations.keyword_column else None
