@@ -1533,6 +1533,17 @@ def pair_row(raw: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
                                              raw["output_tokens_per_second"])}
 
 
+def log_run(method: str, figures: dict[str, Any], feed: dict[str, Any] | None = None,
+            generation: dict[str, Any] | None = None) -> None:
+    """One line per measured run as it ends (the tables come at the end of the whole benchmark): a run cut short
+    by a time limit, e.g. a GPU session's step, still leaves the runs it finished in its log."""
+    steps, seconds = (feed["steps"], feed["busy_seconds"]) if feed else (figures.get("engine_steps"),
+                                                                        figures.get("engine_step_seconds"))
+    pace = f", {steps} engine steps, {1000 * seconds / steps:.2f} ms a step" if steps and seconds else ""
+    stage = f", generation stage {generation['output_tokens_per_second']} tok/s" if generation else ""
+    log(f"    {method}: {figures['wall_seconds']} s, {figures['output_tokens_per_second']} output tok/s{stage}{pace}")
+
+
 def medians(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, float | None]:
     """Each key's median over the rows (None where a row lacks it)."""
     return {key: round(statistics.median(r[key] for r in rows), 4) if all(r[key] for r in rows) else None
@@ -1567,6 +1578,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
                     log(f"(b) raw vLLM, one call on {n} prompts, max_tokens {max_tokens}{which}")
                     with profiled:
                         pair["raw"] = run_raw(engine, prompt_ids[:n], params, memory)
+                    log_run("raw", pair["raw"])
                     continue
                 named = f" ({method}: {FLOW_VARIANTS[method][1]})" if cfg.flow_variants else ""
                 settings = FLOW_VARIANTS[method][0]
@@ -1576,6 +1588,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
                         pair["runs"][method] = run_stream(engine, prompt_ids[:n], params, memory,
                                                           int(settings["stream_window"]),
                                                           int(settings["stream_windows_held"]))
+                    log_run(method, pair["runs"][method]["flow"], pair["runs"][method]["engine_feed"])
                     continue
                 log(f"(a) the flow on {n} items, max_tokens {max_tokens}{which}{named}")
                 out = cfg.work / f"out-{n}-{max_tokens}" / f"repeat-{repeat + 1}"
@@ -1587,6 +1600,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
                 if method == "default":
                     pair["run"], pair["out"] = run, out
                 pair["runs"][method] = {k: run[k] for k in ("flow", "generation", "engine_feed")}
+                log_run(method, run["flow"], run["engine_feed"], run["generation"])
             pairs.append(pair)
         spread = paired_ratios(pairs)
         pick = spread["median_pair"]

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,9 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
                            "--flow-variants", "add_all", "stream", "stream_all", "wide", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    # each measured run's line as it ends (2 sizes x 2 repeats), with its engine's pace where it was counted
+    ran = re.findall(r"\] +(\w+): [\d.]+ s, [\d.]+ output tok/s.*, \d+ engine steps, [\d.]+ ms a step", proc.stderr)
+    assert Counter(ran) == {m: 4 for m in ("raw", "default", "add_all", "stream", "stream_all", "wide")}, ran
 
     result = json.loads((out / "latest.json").read_text(encoding="utf-8"))
     for key in RATIOS:
