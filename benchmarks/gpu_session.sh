@@ -74,7 +74,9 @@
 #              by python -m benchmarks.profile_compare). SIZES=60000
 #              REPEATS16=1 VARIANTS=stream RUN_EXTRA=--profile-engine-core: about 5.5 minutes with the setup, 4 more
 #              with --reversed-first (lease-2026-12-06g: the stream as slow as the flow); VARIANTS="stream stream_all
-#              wide": whether queuing every request at the start (the stream's, the flow's) restores raw's pace
+#              wide": whether queuing every request at the start (the stream's, the flow's) restores raw's pace.
+#              variants80 and variants16 run no HF transformers (--hf-items 0: ~25 s a call that no figure of
+#              theirs needs); each run's figures are in the step's log as it ends, so a step cut short keeps them
 #   here       the same comparison at 80 and 16 tokens (HF, the loop and the retry runs on a few items only) with
 #              vLLM's front end in the run's process (--front-end here), into $RES/front-end-here: the pair of `run`
 #   run_batch  benchmarks.run_batch_compare: `vllm run-batch` against `batchgen run`, each a fresh process, on the
@@ -157,10 +159,10 @@ step paired80_fcfs 540 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --r
   --scheduling-policy fcfs --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 --with-retries \
   --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES/fcfs"
 step variants80 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-2}" \
-  --flow-variants ${VARIANTS:-add_all held8} --hf-items 8 --hf-batch-size 8 --serial-items 8 --retry-items 8 \
+  --flow-variants ${VARIANTS:-add_all held8} --hf-items 0 --serial-items 8 --retry-items 8 \
   ${RUN_EXTRA:-} --out "$RES/variants80"
 step variants16 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes ${SIZES:-10000} --max-tokens 16 \
-  --repeats "${REPEATS16:-3}" --flow-variants ${VARIANTS:-engine_apart own_cores} --hf-items 8 --hf-batch-size 8 \
+  --repeats "${REPEATS16:-3}" --flow-variants ${VARIANTS:-engine_apart own_cores} --hf-items 0 \
   --serial-items 8 --retry-items 8 ${RUN_EXTRA:-} --out "$RES/variants16"
 step here 420 "$PY" -m benchmarks.run --front-end here --sizes 10000 --max-tokens 80 16 --hf-items 8 \
   --serial-items 4 --retry-items 8 --out "$RES/front-end-here"

@@ -385,8 +385,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         "(checked against the flow's attempts: "
         f"{'identical' if result.get('prompts_identical') else 'NOT identical'}). "
         f"The vLLM engine was built once ({result['engine']['load_seconds']:.1f} s) and shared by (a), (b) and (c); "
-        f"the HF model loaded in {result['hf_static']['load_seconds']:.1f} s in its own process. Load times are in "
-        "no figure below.",
+        + (f"the HF model loaded in {result['hf_static']['load_seconds']:.1f} s in its own process"
+           if result.get("hf_static") else "HF transformers (d) did not run (`--hf-items 0`)")
+        + ". Load times are in no figure below.",
         "",
     ]
     lines += render_case(result, config)
@@ -498,15 +499,19 @@ def render_markdown(result: dict[str, Any]) -> str:
 
     serial, hf = result["serial_loop"], result["hf_static"]
     sizes = result["sizes"]
-    hf_how = (f"on {hf.get('device', 'cpu')} in {hf.get('dtype', 'torch.float32').removeprefix('torch.')}, "
-              f"{hf['torch_threads']} torch thread(s)")
+    if hf:
+        hf_how = (f"on {hf.get('device', 'cpu')} in {hf.get('dtype', 'torch.float32').removeprefix('torch.')}, "
+                  f"{hf['torch_threads']} torch thread(s)")
+        subset = (f"on the first {serial['items']} items (c) and the first {hf['items']} items (d) (HF: batch size "
+                  f"{hf['batch_size']}, {hf_how}, sampling with top_k off as in vLLM)")
+    else:
+        subset = f"on the first {serial['items']} items (c)"
     lines += [
         "## Notes",
         "",
         *[f"- {note}" for note in result.get("notes", [])],
-        f"- ¹ Measured once, on the first {serial['items']} items (c) and the first {hf['items']} items (d) "
-        f"(HF: batch size {hf['batch_size']}, {hf_how}, sampling with top_k off as "
-        "in vLLM), and reported as rates; the same figures appear at every size, and their ratios compare rates.",
+        f"- ¹ Measured once, {subset}, and reported as rates; the same figures appear at every size, and their "
+        "ratios compare rates.",
         "- The engine's prefix cache is emptied before each method (`LLM.reset_prefix_cache`): the methods share "
         "their prompts, and none may reuse KV blocks another computed. Within a method, prompts that start alike "
         f"share blocks, as in any job (block_size {result['engine']['args'].get('block_size', 'vLLM default')}).",
@@ -717,7 +722,8 @@ def render_chart(result: dict[str, Any], path: Path) -> None:
 
     sizes = sorted(result["sizes"], key=int)
     keys = ["flow", "generation", "raw_vllm", "serial_loop", "hf_static"]
-    colors = ["#4c72b0", "#8fb0d9", "#55a868", "#c44e52", "#dd8452"]
+    colors = dict(zip(keys, ["#4c72b0", "#8fb0d9", "#55a868", "#c44e52", "#dd8452"]))
+    keys = [k for k in keys if any(k in result["sizes"][s]["methods"] for s in sizes)]  # (d) may not have run
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
     panels = ((left, keys, "output_tokens_per_second", "{:.0f}"),
               (right, [k for k in keys if k != "generation"], "peak_rss_mb", "{:.0f}"))  # generation: the flow's run
@@ -728,7 +734,7 @@ def render_chart(result: dict[str, Any], path: Path) -> None:
             methods = [result["sizes"][s]["methods"].get(key) or {} for s in sizes]
             values = [m.get(figure) or 0 for m in methods]
             hatch = "//" if any(m.get("subset") for m in methods) else None
-            bars = ax.bar(xs, values, width, label=SHORT_LABELS[key], color=colors[keys.index(key)], hatch=hatch,
+            bars = ax.bar(xs, values, width, label=SHORT_LABELS[key], color=colors[key], hatch=hatch,
                           edgecolor="white")
             ax.bar_label(bars, labels=[fmt.format(v) for v in values], fontsize=7, padding=2)
     for ax, title, unit in ((left, "Throughput", "output tokens / s"),

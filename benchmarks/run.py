@@ -127,7 +127,8 @@ def parse_args(argv: list[str] | None) -> Config:
     parser.add_argument("--sizes", nargs="+", help="item counts for (a) and (b), e.g. --sizes 500 2000 or 500,2000 "
                                                    "(default 128 512)")
     parser.add_argument("--serial-items", type=int, help="items for the one-prompt-per-call loop (c) (default 32)")
-    parser.add_argument("--hf-items", type=int, help="items for HF transformers (d) (default 64)")
+    parser.add_argument("--hf-items", type=int, help="items for HF transformers (d) (default 64; 0: no (d), e.g. in "
+                        "a GPU session's variant steps, where it costs its imports and load and no figure needs it)")
     parser.add_argument("--hf-batch-size", type=int, help="HF static batch size (default 32)")
     parser.add_argument("--hf-threads", type=int,
                         help="torch threads for HF (default: torch's own, one per core; --quick: 1)")
@@ -256,7 +257,9 @@ def parse_args(argv: list[str] | None) -> Config:
         os.environ[ADD_PER_STEP_ENV] = str(args.add_per_step)
     if args.beside_pipeline < 0:
         parser.error("--beside-pipeline must be 0 (off) or a number of items")
-    for name in ("serial_items", "hf_items", "hf_batch_size", "retry_items", "retry_max_tokens"):
+    if config.hf_items < 0:
+        parser.error("--hf-items must be 0 (no HF transformers) or a number of items")
+    for name in ("serial_items", "hf_batch_size", "retry_items", "retry_max_tokens"):
         if getattr(config, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return config
@@ -1551,7 +1554,7 @@ def medians(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, floa
 
 
 def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: dict[int, Path],
-                 prompt_ids: list[list[int]], by_item: dict[str, list[int]], hf: dict[str, Any],
+                 prompt_ids: list[list[int]], by_item: dict[str, list[int]], hf: dict[str, Any] | None,
                  memory: TreeMemory) -> tuple[dict[str, Any], bool]:
     """(a), (b) and (c) at every size for one max_tokens, with (d) measured before; and whether the flow's
     prompt token ids were the ones the other methods got."""
@@ -1607,7 +1610,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
         raw, run, out = pairs[pick]["raw"], pairs[pick]["run"], pairs[pick]["out"]
         timings, flow = run["manifest"]["timings_seconds"], run["flow"]
         methods = {"flow": flow, "generation": run["generation"], "raw_vllm": raw,
-                   "serial_loop": dict(serial), "hf_static": dict(hf)}
+                   "serial_loop": dict(serial), **({"hf_static": dict(hf)} if hf else {})}
         for m in methods.values():
             m["ratio_vs_raw"] = ratio(m["output_tokens_per_second"], raw["output_tokens_per_second"])
         engine_calls = timings["engine_calls"]
@@ -1647,7 +1650,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             "ratio_flow_vs_raw": spread["ratio_flow_vs_raw"],
             "ratio_generation_vs_raw": spread["ratio_generation_vs_raw"],
             "ratio_raw_vs_serial": ratio(raw["output_tokens_per_second"], serial["output_tokens_per_second"]),
-            "ratio_flow_vs_hf": ratio(flow["output_tokens_per_second"], hf["output_tokens_per_second"]),
+            "ratio_flow_vs_hf": ratio(flow["output_tokens_per_second"], (hf or {}).get("output_tokens_per_second")),
             **({"repeats": spread["pairs"]} if cfg.repeats > 1 else {}),
             **({"flow_variants": variant_ratios(pairs, variants)} if cfg.flow_variants else {}),
             **({"engine_core_profile": profiles} if profiles else {}),
@@ -1773,8 +1776,11 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
     model_path = str(default_model_path())
 
     # (d) first, alone on the machine: no engine is running yet.
-    hf_runs = {}
+    hf_runs: dict[int, dict[str, Any] | None] = {}
     for max_tokens in cfg.max_tokens_list:
+        if not cfg.hf_items:
+            hf_runs[max_tokens] = None
+            continue
         log(f"(d) HF transformers on {cfg.hf_items} items, batches of {cfg.hf_batch_size}, max_new_tokens "
             f"{max_tokens}")
         hf_runs[max_tokens] = run_hf(cfg, model_path, prompt_ids[:cfg.hf_items], max_tokens, memory)
@@ -1821,8 +1827,9 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
         "config": {
             "quick": cfg.quick, "sizes": cfg.sizes, "max_tokens": cfg.max_tokens_list,
             "serial_items": cfg.serial_items, "hf_items": cfg.hf_items,
-            "hf_batch_size": cfg.hf_batch_size, "hf_threads": headline["hf_static"]["torch_threads"],
-            "hf_device": headline["hf_static"].get("device"), "hf_dtype": headline["hf_static"].get("dtype"),
+            "hf_batch_size": cfg.hf_batch_size, "hf_threads": (headline["hf_static"] or {}).get("torch_threads"),
+            "hf_device": (headline["hf_static"] or {}).get("device"),
+            "hf_dtype": (headline["hf_static"] or {}).get("dtype"),
             "job_file": str(JOB_FILE.relative_to(ROOT)),
             "products_seed": PRODUCTS_SEED, "model": DEFAULT_MODEL, "model_path": model_path,
             "dtype": engine_info.get("dtype") or engine_info["args"].get("dtype"), "sampling": base_job.sampling.model_dump(mode="json"),
@@ -1966,7 +1973,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"wrote {cfg.out / 'latest.json'}, latest.md and latest.png")
     for key in (*RATIO_KEYS, "pipeline_items_per_s"):
         log(f"{key} = {result[key]}")
-    missing = [k for k in RATIO_KEYS if not _finite_positive(result[k])]
+    missing = [k for k in RATIO_KEYS if not _finite_positive(result[k])
+               and not (k == "ratio_flow_vs_hf" and not cfg.hf_items)]  # --hf-items 0: no (d), no ratio to it
     if missing:
         log(f"ERROR: no figure for {', '.join(missing)}")
         return 1

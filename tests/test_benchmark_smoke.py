@@ -347,6 +347,8 @@ def test_involuntary_switches_count_every_thread_not_the_main_one_alone():
 @pytest.mark.parametrize("argv, message", [(["--repeats", "0"], "--repeats must be at least 1"),
                                            (["--beside-pipeline", "-5"], "--beside-pipeline must be 0 (off)"),
                                            (["--add-per-step", "0"], "--add-per-step must be at least 1"),
+                                           (["--hf-items", "-1"], "--hf-items must be 0 (no HF transformers)"),
+                                           (["--hf-batch-size", "0"], "--hf-batch-size must be at least 1"),
                                            (["--sizes", "100", "--with-retries", "--retry-sizes", "50", "100"],
                                             "--retry-sizes [50, 100]: each must be one of --sizes [100]"),
                                            (["--sizes", "100", "--retry-sizes", "100"],
@@ -357,6 +359,29 @@ def test_benchmark_options_out_of_range_stop_with_exit_2_naming_the_option(argv,
     with pytest.raises(SystemExit) as stopped:
         parse_args(argv)
     assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_benchmark_without_hf_transformers_renders_its_tables_and_chart_without_them(tmp_path):
+    """--hf-items 0 (a GPU session's variant steps): no (d), so no HF row, ratio or load time, and the rest as
+    before; over a GPU lease's real result with its HF figures taken out as run() leaves them."""
+    from benchmarks.report import render_chart, render_markdown
+    from benchmarks.run import parse_args
+
+    assert parse_args(["--hf-items", "0"]).hf_items == 0
+    lease = ROOT / "benchmarks/results/gpu-h100/lease-2026-12-06g/c-variants16.json"
+    result = json.loads(lease.read_text(encoding="utf-8"))
+    assert result["hf_static"] and "hf_static" in result["sizes"]["60000"]["methods"]  # the lease ran (d)
+    result["hf_static"] = result["ratio_flow_vs_hf"] = None
+    for size in result["sizes"].values():
+        size["methods"].pop("hf_static")
+        size["ratio_flow_vs_hf"] = None
+
+    text = render_markdown(result)
+    assert "HF transformers (d) did not run (`--hf-items 0`)" in text
+    assert "(d) HF transformers" not in text and "the first 8 items (c)," in text
+    assert "| (a) batchgen flow, end to end |" in text and "| 0.942 |" in text  # the flow's row and its ratio stay
+    render_chart(result, tmp_path / "latest.png")
+    assert (tmp_path / "latest.png").stat().st_size > 10_000
 
 
 def test_a_flow_variant_holds_for_its_block_only_and_the_flow_settings_come_back(monkeypatch):
