@@ -177,12 +177,13 @@ def check(
 
     Shows the first prompts as the model will see them (after its chat template) and warns when the
     first pass's budget (sampling.max_tokens) would cut outputs off: against the expectations' min_chars
-    without the engine, measured on a sample with --sample N.
+    without the engine, measured on a sample with --sample N. Says how many first-pass outputs the job's output
+    already holds (`resume`): a run after a crash, or a rerun, reuses them.
     """
     _quiet_libraries(False)
     spec = _load(job, limit, set_)
     checked = _preflight(spec)
-    from batchgen.preflight import preview_prompts, sample_outputs, truncation_estimate
+    from batchgen.preflight import committed_first_pass, preview_prompts, sample_outputs, truncation_estimate
 
     loaded, built, max_len = checked.loaded, checked.built, checked.max_model_len
     rejected = loaded.rejected + built.rejected
@@ -197,6 +198,9 @@ def check(
             batchgen.engine.shutdown_all()
     truncation, warnings = truncation_estimate(spec, checked, measured)
     prompts = preview_prompts(checked)
+    from tasks.generate import store_for
+
+    resume = committed_first_pass(spec, checked, store_for(spec))
     report = {
         "job": spec.name,
         "items": len(loaded.items) + len(loaded.rejected),
@@ -214,6 +218,7 @@ def check(
             "max_output_tokens_first_pass": len(built.prompts) * spec.sampling.candidates * spec.sampling.max_tokens,
         },
         "truncation": truncation,
+        "resume": resume,
         "prompts": prompts,
         "warnings": warnings,
     }
@@ -225,6 +230,11 @@ def check(
             typer.echo("---", err=True)
         for warning in warnings:
             typer.echo(f"batchgen: warning: {warning}", err=True)
+        if resume["committed"]:
+            rest = (f"generates the other {resume['to_generate']} (and the retries they need)" if resume["to_generate"]
+                    else "generates no first pass again")
+            typer.echo(f"batchgen: {resume['committed']} of {len(built.prompts)} first-pass outputs are already "
+                       f"committed in {resume['store']}: a run reuses them and {rest}", err=True)
     typer.echo(json.dumps(report, indent=2, ensure_ascii=False))
 
 

@@ -164,6 +164,19 @@ PREVIEW = 3  # prompts `check` shows as the model will see them
 RATIO_PROMPTS = 64  # prompts the tokenizer's characters per token are measured on
 
 
+def committed_first_pass(spec: JobSpec, checked: Checked, store: Any) -> dict[str, Any]:
+    """How much of the job its output already holds, without the engine: the first-pass requests (one per prompt,
+    as the flow asks them) whose outputs the result store (`batchgen.store.ResultStore`) has committed, which a run
+    reuses (after a crash, or a rerun), and how many it would generate."""
+    from batchgen.engine import engine_identity, planned_engine_args
+    from batchgen.generation import first_pass_requests, request_keys, sampling_kwargs
+
+    requests = first_pass_requests(checked.built.prompts, spec.sampling)
+    keys = request_keys(requests, sampling_kwargs(spec.sampling), engine_identity(planned_engine_args(spec.engine)))
+    committed = len(store.committed(set(keys)))
+    return {"committed": committed, "to_generate": len(keys) - committed, "store": str(store.root)}
+
+
 def preview_prompts(checked: Checked, count: int = PREVIEW) -> list[dict[str, Any]]:
     """The first prompts as the engine gets them: after the template and the model's chat template."""
     prompts = checked.built.prompts.head(count)

@@ -107,6 +107,19 @@ class ResultStore:
             for path in [path for path in _OWNED if path.startswith(inside)]:
                 del _OWNED[path]
 
+    def committed(self, keys: set[str]) -> set[str]:
+        """Which of `keys` have committed attempts, reading only the files' key columns (`batchgen check`: how much
+        of a job a run would reuse). An unreadable file counts as nothing committed, as `load` ignores it."""
+        found: set[str] = set()
+        if not self.root.is_dir() or not keys:
+            return found
+        for path in sorted(self.root.glob("chunk-*.parquet")):
+            try:
+                found |= keys & _file_keys(path)
+            except (pa.ArrowInvalid, OSError) as exc:
+                log.warning("ignoring unreadable commit %s: %s", path.name, exc)
+        return found
+
     def has_commits(self) -> bool:
         return self.root.is_dir() and next(self.root.glob("chunk-*.parquet"), None) is not None
 

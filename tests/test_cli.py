@@ -176,6 +176,16 @@ def test_job_runs_from_the_command_line_both_ways(tmp_path, monkeypatch):
     assert {k: v for k, v in second["counts"].items() if k != "reused"} == \
         {k: v for k, v in first["counts"].items() if k != "reused"}
 
+    # `check` says, without the engine, what a run of the whole file (6 items) would reuse and generate
+    result = run_cli(["check", str(path), "--set", "sampling.max_tokens=24"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    store = tmp_path / "out" / ".batchgen" / "results"
+    assert json.loads(result.stdout)["resume"] == {"committed": 4, "to_generate": 2, "store": str(store)}
+    assert f"4 of 6 first-pass outputs are already committed in {store}: a run reuses them and generates the " \
+           "other 2" in result.stderr
+    other = json.loads(run_cli(["check", str(path), "-q"], tmp_path).stdout)["resume"]  # another max_tokens
+    assert (other["committed"], other["to_generate"]) == (0, 6)
+
 
 def test_keyword_column_missing_from_the_input_is_a_job_error(tmp_path):
     job = product_job(tmp_path, 3, expectations={"keyword_column": "title"})

@@ -93,6 +93,21 @@ def test_a_window_passes_by_the_files_its_runs_other_windows_committed_and_any_o
     assert not [path for path in store_module._OWNED if path.startswith(inside)]
 
 
+def test_committed_names_the_keys_asked_for_that_a_commit_holds_and_passes_unreadable_files_by(tmp_path, caplog):
+    store = ResultStore(tmp_path / "store")
+    assert store.committed({"key-p1-1-None"}) == set()  # nothing written yet
+    store.commit(generated("p1", ["a", "b"]) + generated("p2", ["c"]))
+    store.commit(generated("p3", ["d"]))
+    (tmp_path / "store" / "chunk-x.parquet").write_bytes(b"\x00garbage, not a parquet file\xff" * 4)
+
+    with caplog.at_level(logging.WARNING, logger="batchgen.store"):
+        found = store.committed({"key-p1-1-None", "key-p3-1-None", "key-never-committed"})
+
+    assert found == {"key-p1-1-None", "key-p3-1-None"}
+    assert any("chunk-x.parquet" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert store.committed(set()) == set()
+
+
 def test_store_of_a_missing_folder_is_empty(tmp_path):
     assert dict(ResultStore(tmp_path / "never-written").load()) == {}
 
