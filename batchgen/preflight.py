@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchgen.items import DataError, LoadedItems, keep_for_next_load, load_items
 from batchgen.job import EngineSpec, JobError, JobSpec, OutputSpec, SamplingSpec
@@ -27,7 +27,10 @@ from batchgen.prepare import check_columns, render_prompts
 from batchgen.prompts import BuiltPrompts
 from batchgen.vllm_checks import cpu_problem, first_sentence, sampling_problem
 
-__all__ = ["Checked", "DataError", "JobError", "check_engine", "check_output_dir", "check_sampling", "preflight",
+if TYPE_CHECKING:
+    from batchgen.store import ResultStore
+
+__all__ = ["Checked", "DataError", "JobError", "check_engine", "committed_first_pass", "check_output_dir", "check_sampling", "preflight",
            "preview_prompts", "sample_outputs", "truncation_estimate"]
 
 
@@ -164,10 +167,10 @@ PREVIEW = 3  # prompts `check` shows as the model will see them
 RATIO_PROMPTS = 64  # prompts the tokenizer's characters per token are measured on
 
 
-def committed_first_pass(spec: JobSpec, checked: Checked, store: Any) -> dict[str, Any]:
+def committed_first_pass(spec: JobSpec, checked: Checked, store: ResultStore) -> dict[str, Any]:
     """How much of the job its output already holds, without the engine: the first-pass requests (one per prompt,
-    as the flow asks them) whose outputs the result store (`batchgen.store.ResultStore`) has committed, which a run
-    reuses (after a crash, or a rerun), and how many it would generate."""
+    as the flow asks them) whose outputs the result store has committed, which a run reuses (after a crash, or a
+    rerun), and how many it would generate."""
     from batchgen.engine import engine_identity, planned_engine_args
     from batchgen.generation import first_pass_requests, request_keys, sampling_kwargs
 

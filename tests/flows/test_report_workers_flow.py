@@ -86,8 +86,10 @@ def test_a_run_validated_by_workers_publishes_what_a_run_validated_in_process_do
     try:
         assert all(w.ready.wait(timeout=180) for w in started), "the validation workers never got ready"
         there = run("workers")
-        # validations ran in the workers (one that found both busy ran in-process, as it should)
-        assert sum(answer is not None for answer in served) >= len(served) // 2 > 0, served
+        # validations ran in the workers; one that found both busy ran in-process, as it should (how many did
+        # depends on the machine's load: 4 of 6 on a busy CI run), and the workers are still there after the run
+        assert any(answer is not None for answer in served), served
+        assert all(w.process.poll() is None for w in started), "a validation worker died during the run"
         for table, frame in here.items():
             assert list(frame.columns) == list(there[table].columns), table
             differ = [c for c in frame.columns if not frame[c].equals(there[table][c])]
