@@ -30,8 +30,8 @@ from batchgen.vllm_checks import cpu_problem, first_sentence, sampling_problem
 if TYPE_CHECKING:
     from batchgen.store import ResultStore
 
-__all__ = ["Checked", "DataError", "JobError", "check_engine", "committed_first_pass", "check_output_dir", "check_sampling", "preflight",
-           "preview_prompts", "sample_outputs", "truncation_estimate"]
+__all__ = ["Checked", "DataError", "JobError", "check_engine", "check_output_dir", "check_sampling",
+           "committed_first_pass", "preflight", "preview_prompts", "sample_outputs", "truncation_estimate"]
 
 
 @dataclass
