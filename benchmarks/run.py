@@ -1812,6 +1812,7 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
     memory.close()
 
     headline = cases[cfg.max_tokens]
+    hf = headline["hf_static"] or {}  # empty with --hf-items 0
     machine["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     result.update({
         "finished_at": datetime.now(timezone.utc).isoformat(),
@@ -1827,9 +1828,8 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
         "config": {
             "quick": cfg.quick, "sizes": cfg.sizes, "max_tokens": cfg.max_tokens_list,
             "serial_items": cfg.serial_items, "hf_items": cfg.hf_items,
-            "hf_batch_size": cfg.hf_batch_size, "hf_threads": (headline["hf_static"] or {}).get("torch_threads"),
-            "hf_device": (headline["hf_static"] or {}).get("device"),
-            "hf_dtype": (headline["hf_static"] or {}).get("dtype"),
+            "hf_batch_size": cfg.hf_batch_size, "hf_threads": hf.get("torch_threads"),
+            "hf_device": hf.get("device"), "hf_dtype": hf.get("dtype"),
             "job_file": str(JOB_FILE.relative_to(ROOT)),
             "products_seed": PRODUCTS_SEED, "model": DEFAULT_MODEL, "model_path": model_path,
             "dtype": engine_info.get("dtype") or engine_info["args"].get("dtype"), "sampling": base_job.sampling.model_dump(mode="json"),
