@@ -26,6 +26,10 @@
 #   RUN_EXTRA="--windows-held-per-place 8" BESIDE80=0 STEPS=paired80 ...   # the flow holding 8 windows per place
 #                                               # (also without retries): one call, then the same without it
 #   RUN_EXTRA="--add-per-step 100000" BESIDE80=0 STEPS=paired80 ...   # a window's requests into the engine at once
+#   SIZES=60000 REPEATS16=2 BESIDE16=0 RUN_EXTRA="--pace-probe 4096 --hf-items 0" STEPS=paired16 ...
+#                                               # raw and the flow twice with the host's pace probed around every
+#                                               # run (paced ratios: its drift taken out; an H100 host's pace moved
+#                                               # 1.8x within 11 minutes, benchmarks/results/gpu-h100/lease-2026-12-07/)
 #
 # Two trees on one machine (a change against the tree before it): carry the older tree as a git-ignored folder,
 #   mkdir -p .xfer/old && git archive OLD_COMMIT | tar -x -C .xfer/old

@@ -94,8 +94,10 @@ def cpu_sentence(raw: dict[str, Any] | None, flow: dict[str, Any] | None) -> str
         parts = ", ".join(f"{CPU_GROUPS.get(group, group)} {seconds:.1f} s"
                           for group, seconds in cpu["cpu_seconds"].items() if seconds >= 0.05)
         switched = cpu["involuntary_switches_per_s"].get("engine")
+        steal = cpu.get("host_steal_percent")
         return (parts + ("" if switched is None else f" (the engine core switched out {switched:,.0f} times a "
-                         "second)") + f"; {_num(cpu['host_busy_cores'])} of the host's cores busy on average")
+                         "second)") + f"; {_num(cpu['host_busy_cores'])} of the host's cores busy on average"
+                + ("" if steal is None else f", {steal:.1f}% of its CPU time stolen by the hypervisor"))
 
     return f" CPU: raw vLLM {text(raw)}; the flow {text(flow)}."
 
@@ -221,16 +223,41 @@ def repeats_lines(pairs: list[dict[str, Any]] | None) -> list[str]:
     """The table of --repeats: each pair of raw vLLM and the flow, in the order they ran."""
     if not pairs:
         return []
+    paced = any(p.get("ratio_flow_vs_raw_paced") for p in pairs)
     lines = [f"Repeats: {len(pairs)} pairs, raw vLLM and the flow one after the other, alternating which went "
              "first; the ratios above are the medians of the pairs' ratios, the table above is the median pair's.",
              "", "| pair | raw tok/s | raw wall s | flow tok/s | flow wall s | generation tok/s | flow / raw "
-             "| generation / raw |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| generation / raw |" + (" flow / raw, paced | generation / raw, paced |" if paced else ""),
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if paced else "")]
     for number, p in enumerate(pairs, start=1):
         lines.append(f"| {number} | {_num(p['raw_output_tokens_per_second'])} | {_num(p['raw_wall_seconds'])} "
                      f"| {_num(p['flow_output_tokens_per_second'])} | {_num(p['flow_wall_seconds'])} "
                      f"| {_num(p['generation_output_tokens_per_second'])} | {_num(p['ratio_flow_vs_raw'], 3)} "
-                     f"| {_num(p['ratio_generation_vs_raw'], 3)} |")
+                     f"| {_num(p['ratio_generation_vs_raw'], 3)} |"
+                     + (f" {_num(p.get('ratio_flow_vs_raw_paced'), 3)} "
+                        f"| {_num(p.get('ratio_generation_vs_raw_paced'), 3)} |" if paced else ""))
     return lines + [""]
+
+
+def probe_lines(entry: dict[str, Any]) -> list[str]:
+    """--pace-probe: each repeat's probes in the order they ran, how far the host's pace moved, the paced ratios."""
+    probes, spread = entry.get("pace_probes"), entry.get("pace_spread")
+    if not probes or not spread:
+        return []
+    size = probes[0][0]["prompts"]
+    lines = [f"Pace probes: raw vLLM's one call on the first {size:,} prompts, before the first method of each "
+             "repeat and after every method (prefix cache emptied first): the same work each time, so its rate "
+             "follows the host alone. Output tokens/s in the order they ran:", ""]
+    for number, repeat in enumerate(probes, start=1):
+        lines.append(f"- repeat {number}: " + ", ".join(
+            f"{'at the start' if p['after'] is None else 'after ' + p['after']} {_num(p['output_tokens_per_second'])}"
+            for p in repeat))
+    lines += ["", f"The host's pace moved **{spread['moved']:.1%}** ({_num(spread['min'])} to {_num(spread['max'])} "
+              "output tokens/s). Paced ratios take each method's rate over the mean of the two probes around it, "
+              f"against raw's likewise: flow / raw **{_num(entry.get('ratio_flow_vs_raw_paced'), 3)}**, generation "
+              f"/ raw **{_num(entry.get('ratio_generation_vs_raw_paced'), 3)}** (unpaced "
+              f"{_num(entry.get('ratio_flow_vs_raw'), 3)} and {_num(entry.get('ratio_generation_vs_raw'), 3)}).", ""]
+    return lines
 
 
 def variants_lines(variants: dict[str, Any] | None) -> list[str]:
@@ -239,16 +266,18 @@ def variants_lines(variants: dict[str, Any] | None) -> list[str]:
         return []
 
     def step_ms(rows: list[dict[str, Any]], steps: str, seconds: str) -> str:
-        paced = [1000 * r[seconds] / r[steps] for r in rows if r.get(steps) and r.get(seconds)]
-        return ", ".join(_num(v) for v in paced) or "-"
+        each = [1000 * r[seconds] / r[steps] for r in rows if r.get(steps) and r.get(seconds)]
+        return ", ".join(_num(v) for v in each) or "-"
 
     lines = ["Flow variants: in every repeat the flow ran once per variant beside the same raw vLLM call, on the "
              "same engine (the order reversed in every other repeat); medians over the repeats, then each repeat's "
              "figure in the order they ran. Against the default flow: the default flow's wall time over the "
-             "variant's in the same repeat (above 1: the variant was faster).", "",
-             "| variant | settings | flow / raw | generation / raw | against the default flow "
-             "| each repeat's flow / raw | engine steps | ms a step (flow) | ms a step (raw) |",
-             "| --- | --- | ---: | ---: | ---: | --- | --- | --- | --- |"]
+             "variant's in the same repeat (above 1: the variant was faster).", ""]
+    paced = any(v.get("ratio_flow_vs_raw_paced") for v in variants.values())
+    lines += ["| variant | settings | flow / raw | generation / raw | against the default flow "
+              "| each repeat's flow / raw | engine steps | ms a step (flow) | ms a step (raw) |"
+              + (" flow / raw, paced | each repeat's, paced |" if paced else ""),
+              "| --- | --- | ---: | ---: | ---: | --- | --- | --- | --- |" + (" ---: | --- |" if paced else "")]
     for name, v in variants.items():
         rows = v["pairs"]
         settings = ", ".join(f"{k} {val:,}" for k, val in v["settings"].items()) or "as is"
@@ -257,7 +286,9 @@ def variants_lines(variants: dict[str, Any] | None) -> list[str]:
                      f"| {', '.join(_num(r['ratio_flow_vs_raw'], 3) for r in rows)} "
                      f"| {', '.join(str(r['engine_steps']) for r in rows)} "
                      f"| {step_ms(rows, 'engine_steps', 'engine_busy_seconds')} "
-                     f"| {step_ms(rows, 'raw_engine_steps', 'raw_engine_step_seconds')} |")
+                     f"| {step_ms(rows, 'raw_engine_steps', 'raw_engine_step_seconds')} |"
+                     + (f" {_num(v.get('ratio_flow_vs_raw_paced'), 3)} "
+                        f"| {', '.join(_num(r.get('ratio_flow_vs_raw_paced'), 3) for r in rows)} |" if paced else ""))
     return lines + [""]
 
 
@@ -337,7 +368,7 @@ def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "")
             "Ratios (output tokens/s): " + ", ".join(f"`{k}` = {_num(entry[k], 3)}" for k in RATIO_KEYS) + ".",
             "",
         ]
-        lines += (repeats_lines(entry.get("repeats")) + variants_lines(entry.get("flow_variants"))
+        lines += (repeats_lines(entry.get("repeats")) + variants_lines(entry.get("flow_variants")) + probe_lines(entry)
                   + profile_lines(entry.get("engine_core_profile")) + beside_lines(entry.get("raw_beside_pipeline")))
     marginal = case.get("pipeline_overhead_marginal")
     if marginal and marginal["per_item_ms"] <= 0:

@@ -91,6 +91,7 @@ class Config:
     reversed_first: bool = False  # --reversed-first: the first repeat in the order of the second
     profile_engine_core: bool = False  # --profile-engine-core: py-spy on vLLM's engine core around every method
     beside_pipeline: int = 0  # items of the stand-in pipeline run beside raw vLLM (0: not measured)
+    pace_probe: int = 0  # --pace-probe: prompts of raw's call probing the host's pace around every method (0: none)
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="batchgen-bench-")))
 
     @property
@@ -176,6 +177,13 @@ def parse_args(argv: list[str] | None) -> Config:
                              "function, side by side, in `engine_core_profile` (collapsed stacks in "
                              "OUT/engine-core-profiles/): where its steps spend more time beside the flow than in "
                              "raw's call. Needs an engine core process of its own (GPUs)")
+    parser.add_argument("--pace-probe", type=int, default=0, metavar="PROMPTS",
+                        help="in every repeat, raw vLLM on the first PROMPTS prompts of the size before the first "
+                             "method and after each one: the host's own pace through the run. Each method's rate "
+                             "over the mean of the two probes around it, against raw's likewise, gives the paced "
+                             "ratios (ratio_flow_vs_raw_paced): the comparison with the host's drift taken out "
+                             "(an H100 host's pace moved 40%% within minutes, benchmarks/results/gpu-h100/"
+                             "lease-2026-12-07/). Default 0: no probes")
     parser.add_argument("--beside-pipeline", type=int, default=0, metavar="ITEMS",
                         help="at the largest size, also run raw vLLM once more while benchmarks.pipeline_only runs "
                              "the flow on ITEMS items with its engine stood in, in a process of its own: how much "
@@ -223,7 +231,7 @@ def parse_args(argv: list[str] | None) -> Config:
                     pipeline_sizes=_int_list(args.pipeline_sizes) if args.pipeline_sizes else [],
                     with_retries=args.with_retries, repeats=args.repeats, reversed_first=args.reversed_first,
                     profile_engine_core=args.profile_engine_core,
-                    beside_pipeline=args.beside_pipeline,
+                    beside_pipeline=args.beside_pipeline, pace_probe=args.pace_probe,
                     retry_variants=args.retry_variants if args.retry_variants[:1] == ["in_stream"] else
                     ["in_stream"] + args.retry_variants,
                     retry_sizes=_int_list(args.retry_sizes) if args.retry_sizes else [],
@@ -237,6 +245,8 @@ def parse_args(argv: list[str] | None) -> Config:
         ENGINE.update(extra_args={"scheduling_policy": args.scheduling_policy})
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.pace_probe < 0:
+        parser.error("--pace-probe must be 0 (no probes) or more prompts")
     if args.profile_engine_core and py_spy() is None:
         parser.error("--profile-engine-core needs py-spy: on the PATH, or PYSPY=/path/to/py-spy")
     if set(config.retry_sizes) - set(config.sizes):
@@ -368,11 +378,12 @@ def involuntary_switches(proc: Any) -> int:
 
 
 def cpu_use(before: dict[int, tuple[str, float, int]], after: dict[int, tuple[str, float, int]],
-            host_busy_percent: float, seconds: float) -> dict[str, Any]:
+            host_busy_percent: float, seconds: float, steal_percent: float | None = None) -> dict[str, Any]:
     """What a method's phase asked of the host's cores: by process group, its CPU seconds and involuntary context
     switches per second (a process started during the phase counts from 0; one that ended during it is not
     counted), and the host's busy cores on average (every process on the machine: psutil.cpu_percent over the
-    phase)."""
+    phase); with `steal_percent`, the share of the host's CPU time its hypervisor gave other machines while this
+    one wanted it (steal_share)."""
     cpu: dict[str, float] = {}
     switched: dict[str, int] = {}
     for pid, (group, cpu_seconds, involuntary) in after.items():
@@ -382,7 +393,19 @@ def cpu_use(before: dict[int, tuple[str, float, int]], after: dict[int, tuple[st
     return {"cpu_seconds": {k: round(v, 2) for k, v in sorted(cpu.items())},
             "involuntary_switches_per_s": {k: round(v / seconds, 1) if seconds > 0 else None
                                            for k, v in sorted(switched.items())},
-            "host_busy_cores": round((os.cpu_count() or 1) * host_busy_percent / 100, 2)}
+            "host_busy_cores": round((os.cpu_count() or 1) * host_busy_percent / 100, 2),
+            **({} if steal_percent is None else {"host_steal_percent": round(steal_percent, 2)})}
+
+
+def steal_share(before: Any, after: Any) -> float | None:
+    """Between two psutil.cpu_times() readings, the percent of the host's CPU time that was stolen: time its
+    virtual cores wanted to run while the hypervisor ran other machines on them (Linux's steal counter; None
+    where there is none). A shared GPU host's neighbours show here, and nowhere in this machine's own load."""
+    if not hasattr(before, "steal"):
+        return None
+    fields = [f for f in before._fields if f not in ("guest", "guest_nice")]  # guest time is inside user's
+    total = sum(getattr(after, f) - getattr(before, f) for f in fields)
+    return 100 * (after.steal - before.steal) / total if total > 0 else None
 
 
 class TreeMemory:
@@ -462,10 +485,11 @@ class TreeMemory:
         load_before = os.getloadavg()[0]
         cpu_before, started = cpu_reading(self._psutil, self._proc), time.perf_counter()
         self._psutil.cpu_percent(None)  # the host's busy share counts from here (the next call's)
+        times_before = self._psutil.cpu_times()
         record: dict[str, Any] = {}
         yield record
         record["cpu"] = cpu_use(cpu_before, cpu_reading(self._psutil, self._proc), self._psutil.cpu_percent(None),
-                                time.perf_counter() - started)
+                                time.perf_counter() - started, steal_share(times_before, self._psutil.cpu_times()))
         self._record()
         if self.gpu:
             self._record_gpu()
@@ -1226,7 +1250,7 @@ def variant_ratios(pairs: list[dict[str, Any]], variants: list[str]) -> dict[str
                 "cpu": run["flow"].get("cpu"), "raw_cpu": raw.get("cpu"),
             })
         result[name] = {"settings": FLOW_VARIANTS[name][0], "pairs": rows,
-                        **medians(rows, ("ratio_flow_vs_raw", "ratio_generation_vs_raw", "ratio_vs_default_flow"))}
+                        **medians(rows, (*PAIR_RATIOS, "ratio_vs_default_flow"))}
     return result
 
 
@@ -1515,17 +1539,23 @@ def check_engine_spec(job: Any) -> None:
                            "build a second engine")
 
 
+PACE_KEY = "host_pace_tokens_per_second"  # a method's figures: the mean rate of the pace probes around it
+PACED_KEYS = ("ratio_flow_vs_raw_paced", "ratio_generation_vs_raw_paced")  # with --pace-probe
+PAIR_RATIOS = ("ratio_flow_vs_raw", "ratio_generation_vs_raw", *PACED_KEYS)
+
+
 def paired_ratios(pairs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each pair's flow/raw and generation/raw (output tokens/s), their medians, and the pair whose flow/raw is the
-    (lower) median: its figures stand for the size in the tables. One pair: its own ratios."""
+    """Each pair's flow/raw and generation/raw (output tokens/s; with --pace-probe, paced too), their medians, and
+    the pair whose flow/raw is the (lower) median: its figures stand for the size in the tables. One pair: its own
+    ratios."""
     rows = [pair_row(pair["raw"], pair["run"]) for pair in pairs]
     by_flow = sorted(range(len(rows)), key=lambda i: rows[i]["ratio_flow_vs_raw"] or 0)
-    return {"pairs": rows, "median_pair": by_flow[(len(rows) - 1) // 2],
-            **medians(rows, ("ratio_flow_vs_raw", "ratio_generation_vs_raw"))}
+    return {"pairs": rows, "median_pair": by_flow[(len(rows) - 1) // 2], **medians(rows, PAIR_RATIOS)}
 
 
 def pair_row(raw: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
-    """One raw call and one flow run: their rates and walls, flow / raw and generation / raw (output tokens/s)."""
+    """One raw call and one flow run: their rates and walls, flow / raw and generation / raw (output tokens/s),
+    and with --pace-probe the same paced (each rate over the host's pace around it, pace_probe)."""
     return {"raw_output_tokens_per_second": raw["output_tokens_per_second"],
             "raw_wall_seconds": raw["wall_seconds"],
             "flow_output_tokens_per_second": run["flow"]["output_tokens_per_second"],
@@ -1533,7 +1563,57 @@ def pair_row(raw: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
             "generation_output_tokens_per_second": run["generation"]["output_tokens_per_second"],
             "ratio_flow_vs_raw": ratio(run["flow"]["output_tokens_per_second"], raw["output_tokens_per_second"]),
             "ratio_generation_vs_raw": ratio(run["generation"]["output_tokens_per_second"],
-                                             raw["output_tokens_per_second"])}
+                                             raw["output_tokens_per_second"]),
+            "ratio_flow_vs_raw_paced": paced_ratio(run["flow"], raw),
+            "ratio_generation_vs_raw_paced": paced_ratio(run["generation"], raw)}
+
+
+def paced_ratio(method: dict[str, Any], raw: dict[str, Any]) -> float | None:
+    """A method's output tokens/s against raw's, each over the host's pace around it (the mean of the pace probes
+    before and after it): what is left of the ratio once the host's drift between the two runs is taken out.
+    None without probes."""
+    rates = [f.get(key) for f in (method, raw) for key in ("output_tokens_per_second", PACE_KEY)]
+    if not all(rates):
+        return None
+    return ratio(rates[0] / rates[1], rates[2] / rates[3])
+
+
+def pace_spread(pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The pace probes' slowest and fastest rate over a size's repeats, and how far apart (fastest / slowest - 1):
+    how much the host's own pace moved while the methods ran."""
+    rates = [p["output_tokens_per_second"] for pair in pairs for p in pair.get("probes", [])
+             if p["output_tokens_per_second"]]
+    if not rates:
+        return None
+    return {"min": min(rates), "max": max(rates), "moved": round(max(rates) / min(rates) - 1, 4)}
+
+
+def pace_probe(cfg: Config, engine: Any, prompts: list[list[int]], params: Any,
+               pair: dict[str, Any]) -> Callable[..., None]:
+    """--pace-probe: a function that, called before the first method of a repeat (after=None) and after each method
+    with that method's figures, runs raw vLLM's one call on `prompts` (the prefix cache emptied first) and keeps its
+    rate in pair["probes"], in the order they ran; each method's figures get the mean of the probes before and
+    after it as PACE_KEY. The same call on the same prompts each time: its rate moves with the host alone. Without
+    --pace-probe the function does nothing."""
+    if not cfg.pace_probe:
+        return lambda *_: None
+    probes: list[dict[str, Any]] = pair.setdefault("probes", [])
+
+    def probe(after: str | None, *figures: dict[str, Any]) -> None:
+        cold_prefix_cache(engine)
+        got = engine.run(timed_generate, prompts, params)
+        one = {"after": after, "prompts": len(prompts), "wall_seconds": round(got["wall"], 3),
+               "output_tokens": got["tokens"],
+               "output_tokens_per_second": round(got["tokens"] / got["wall"], 2) if got["wall"] > 0 else None,
+               "engine_steps": got["steps"], "engine_step_seconds": got["step_seconds"]}
+        log_run(f"pace probe after {after}" if after else "pace probe", one)
+        if probes and probes[-1]["output_tokens_per_second"] and one["output_tokens_per_second"]:
+            pace = round((probes[-1]["output_tokens_per_second"] + one["output_tokens_per_second"]) / 2, 2)
+            for f in figures:
+                f[PACE_KEY] = pace
+        probes.append(one)
+
+    return probe
 
 
 def log_run(method: str, figures: dict[str, Any], feed: dict[str, Any] | None = None,
@@ -1574,36 +1654,40 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             pair: dict[str, Any] = {"runs": {}}
             which = f" (repeat {repeat + 1} of {cfg.repeats})" if cfg.repeats > 1 else ""
             order = ["raw"] + variants
+            probe = pace_probe(cfg, engine, prompt_ids[:min(n, cfg.pace_probe)], params, pair)
+            probe(None)
             for method in (order if (repeat + cfg.reversed_first) % 2 == 0 else order[::-1]):
                 cold_prefix_cache(engine)
                 profiled = engine_core_profile(cfg, f"{n}x{max_tokens}-repeat{repeat + 1}-{method}", profiles)
+                settings = FLOW_VARIANTS.get(method, ({}, ""))[0]
+                named = f" ({method}: {FLOW_VARIANTS[method][1]})" if cfg.flow_variants and method != "raw" else ""
                 if method == "raw":
                     log(f"(b) raw vLLM, one call on {n} prompts, max_tokens {max_tokens}{which}")
                     with profiled:
                         pair["raw"] = run_raw(engine, prompt_ids[:n], params, memory)
                     log_run("raw", pair["raw"])
-                    continue
-                named = f" ({method}: {FLOW_VARIANTS[method][1]})" if cfg.flow_variants else ""
-                settings = FLOW_VARIANTS[method][0]
-                if "stream_window" in settings:
+                    probe("raw", pair["raw"])
+                elif "stream_window" in settings:
                     log(f"(a) {n} prompts, max_tokens {max_tokens}{which}{named}")
                     with flow_variant(engine, method), profiled:
                         pair["runs"][method] = run_stream(engine, prompt_ids[:n], params, memory,
                                                           int(settings["stream_window"]),
                                                           int(settings["stream_windows_held"]))
                     log_run(method, pair["runs"][method]["flow"], pair["runs"][method]["engine_feed"])
-                    continue
-                log(f"(a) the flow on {n} items, max_tokens {max_tokens}{which}{named}")
-                out = cfg.work / f"out-{n}-{max_tokens}" / f"repeat-{repeat + 1}"
-                out = out if method == "default" else out.with_name(f"{out.name}-{method}")
-                job_settings = {key: settings[key] for key in JOB_SETTINGS if key in settings}
-                with flow_variant(engine, method), profiled:
-                    run = run_flow(bench_job(csvs[n], out, max_tokens, extra=job_settings), memory, by_item)
-                identical = identical and bool(run["prompts_identical"])
-                if method == "default":
-                    pair["run"], pair["out"] = run, out
-                pair["runs"][method] = {k: run[k] for k in ("flow", "generation", "engine_feed")}
-                log_run(method, run["flow"], run["engine_feed"], run["generation"])
+                    probe(method, pair["runs"][method]["flow"], pair["runs"][method]["generation"])
+                else:
+                    log(f"(a) the flow on {n} items, max_tokens {max_tokens}{which}{named}")
+                    out = cfg.work / f"out-{n}-{max_tokens}" / f"repeat-{repeat + 1}"
+                    out = out if method == "default" else out.with_name(f"{out.name}-{method}")
+                    job_settings = {key: settings[key] for key in JOB_SETTINGS if key in settings}
+                    with flow_variant(engine, method), profiled:
+                        run = run_flow(bench_job(csvs[n], out, max_tokens, extra=job_settings), memory, by_item)
+                    identical = identical and bool(run["prompts_identical"])
+                    if method == "default":
+                        pair["run"], pair["out"] = run, out
+                    pair["runs"][method] = {k: run[k] for k in ("flow", "generation", "engine_feed")}
+                    log_run(method, run["flow"], run["engine_feed"], run["generation"])
+                    probe(method, run["flow"], run["generation"])
             pairs.append(pair)
         spread = paired_ratios(pairs)
         pick = spread["median_pair"]
@@ -1652,6 +1736,10 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             "ratio_raw_vs_serial": ratio(raw["output_tokens_per_second"], serial["output_tokens_per_second"]),
             "ratio_flow_vs_hf": ratio(flow["output_tokens_per_second"], (hf or {}).get("output_tokens_per_second")),
             **({"repeats": spread["pairs"]} if cfg.repeats > 1 else {}),
+            **({"ratio_flow_vs_raw_paced": spread["ratio_flow_vs_raw_paced"],
+                "ratio_generation_vs_raw_paced": spread["ratio_generation_vs_raw_paced"],
+                "pace_probes": [pair["probes"] for pair in pairs], "pace_spread": pace_spread(pairs)}
+               if cfg.pace_probe else {}),
             **({"flow_variants": variant_ratios(pairs, variants)} if cfg.flow_variants else {}),
             **({"engine_core_profile": profiles} if profiles else {}),
         }
@@ -1662,7 +1750,14 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
         for name, v in sizes[str(n)].get("flow_variants", {}).items():
             log(f"  flow variant {name}: flow / raw {v['ratio_flow_vs_raw']} "
                 f"{[p['ratio_flow_vs_raw'] for p in v['pairs']]}, against the default flow "
-                f"{v['ratio_vs_default_flow']} {[p['ratio_vs_default_flow'] for p in v['pairs']]}")
+                f"{v['ratio_vs_default_flow']} {[p['ratio_vs_default_flow'] for p in v['pairs']]}"
+                + (f", paced {v['ratio_flow_vs_raw_paced']} {[p['ratio_flow_vs_raw_paced'] for p in v['pairs']]}"
+                   if cfg.pace_probe else ""))
+        if cfg.pace_probe and sizes[str(n)]["pace_spread"]:
+            spread_of = sizes[str(n)]["pace_spread"]
+            log(f"  pace probes: {spread_of['min']}-{spread_of['max']} output tok/s (the host's pace moved "
+                f"{spread_of['moved']:.1%}); paced flow / raw {sizes[str(n)]['ratio_flow_vs_raw_paced']}, "
+                f"generation / raw {sizes[str(n)]['ratio_generation_vs_raw_paced']}")
         if cfg.beside_pipeline and n == max(cfg.sizes):
             log(f"(b) raw vLLM on {n} prompts, max_tokens {max_tokens}, beside the pipeline on "
                 f"{cfg.beside_pipeline} items (engine stood in)")
@@ -1700,6 +1795,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             "ratio_job_with_retries_vs_raw_first_pass"),
         "flow_beyond_raw": beyond_raw(flow_points(sizes), FLOW_TARGET),
         "with_retries_beyond_raw": beyond_raw(retry_points(sizes), RETRIES_TARGET),
+        **{k: top[k] for k in PACED_KEYS if k in top},
     }
     return case, identical
 
@@ -1835,7 +1931,7 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
             "dtype": engine_info.get("dtype") or engine_info["args"].get("dtype"), "sampling": base_job.sampling.model_dump(mode="json"),
             "vllm_sampling_params": {k: v for k, v in sampling_kwargs(base_job.sampling).items()},
             "retry": {"max_passes": 0}, "chunk_size": base_job.chunk_size, "repeats": cfg.repeats,
-            "beside_pipeline_items": cfg.beside_pipeline,
+            "beside_pipeline_items": cfg.beside_pipeline, "pace_probe": cfg.pace_probe,
             "windows_held_per_place": windows_held_per_place(),
             "add_per_step": default_add_per_step(),
             "flow_variants": {name: FLOW_VARIANTS[name][0] for name in cfg.flow_variants},
@@ -1849,6 +1945,7 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
                                     "report_build_seconds", "pipeline_overhead_marginal",
                                     "ratio_job_with_retries_vs_raw_first_pass", "flow_beyond_raw",
                                     "with_retries_beyond_raw")},
+        **{k: headline[k] for k in PACED_KEYS if k in headline},  # with --pace-probe
         "pipeline_items_per_s": None,
         "retry_strategies": retry,
     })

@@ -30,12 +30,16 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
                            "--retry-variants", "in_stream",
                            "continue_then_grow_ahead_in_stream", "in_stream", "to_cap_in_stream",
                            "--windows-held-per-place", "3", "--add-per-step", "5",
-                           "--flow-variants", "add_all", "stream", "stream_all", "wide", "--out", str(out)],
+                           "--flow-variants", "add_all", "stream", "stream_all", "wide", "--pace-probe", "4",
+                           "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     # each measured run's line as it ends (2 sizes x 2 repeats), with its engine's pace where it was counted
     ran = re.findall(r"\] +(\w+): [\d.]+ s, [\d.]+ output tok/s.*, \d+ engine steps, [\d.]+ ms a step", proc.stderr)
     assert Counter(ran) == {m: 4 for m in ("raw", "default", "add_all", "stream", "stream_all", "wide")}, ran
+    # --pace-probe: raw's call on 4 prompts before each repeat's first method and after every method
+    probed = re.findall(r"\] +pace probe(?: after (\w+))?: [\d.]+ s, [\d.]+ output tok/s", proc.stderr)
+    assert len(probed) == 2 * 2 * 7 and Counter(probed)[""] == 4, probed
 
     result = json.loads((out / "latest.json").read_text(encoding="utf-8"))
     for key in RATIOS:
@@ -58,6 +62,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     for name in ("flow", "raw_vllm"):  # what each asked of the host's cores, by process group
         cpu = methods[name]["cpu"]
         assert cpu["cpu_seconds"]["main"] > 0 and cpu["host_busy_cores"] > 0, (name, cpu)
+        assert sys.platform != "linux" or 0 <= cpu["host_steal_percent"] <= 100, (name, cpu)  # Linux counts steal
     assert set(result["retry_strategies"]["strategies"]) == {"grow", "continue", "continue_then_grow"}
     raw = methods["raw_vllm"]  # its engine's steps, counted inside LLM.generate: its pace per step beside the flow's
     assert raw["engine_steps"] >= raw["output_tokens"] / 8 and raw["engine_step_seconds"] > 0  # 8 sequences a step
@@ -77,6 +82,20 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     for v in variants.values():
         assert len(v["pairs"]) == 2 and all(p["engine_steps"] > 0 and p["ratio_flow_vs_raw"] > 0 for p in v["pairs"])
     assert "| add_all | add_per_step 1,000,000 |" in (out / "latest.md").read_text(encoding="utf-8")
+    # the pace probes of each repeat in the order they ran around the methods, and the ratios with them taken out
+    order = ["raw", "default", "add_all", "stream", "stream_all", "wide"]
+    size = result["sizes"]["8"]
+    assert [[p["after"] for p in repeat] for repeat in size["pace_probes"]] == [[None, *order], [None, *order[::-1]]]
+    rates = [p["output_tokens_per_second"] for repeat in size["pace_probes"] for p in repeat]
+    assert all(r > 0 for r in rates) and size["pace_spread"]["min"] == min(rates)
+    first = size["pace_probes"][0]  # repeat 1: raw between probes 0 and 1, the default flow between 1 and 2
+    raw_pace = (first[0]["output_tokens_per_second"] + first[1]["output_tokens_per_second"]) / 2
+    flow_pace = (first[1]["output_tokens_per_second"] + first[2]["output_tokens_per_second"]) / 2
+    assert pairs[0]["ratio_flow_vs_raw_paced"] == pytest.approx(
+        pairs[0]["ratio_flow_vs_raw"] * raw_pace / flow_pace, rel=2e-3)
+    assert result["ratio_flow_vs_raw_paced"] == pytest.approx(
+        statistics.median(p["ratio_flow_vs_raw_paced"] for p in pairs), abs=1e-4)
+    assert all(p["ratio_flow_vs_raw_paced"] > 0 for v in variants.values() for p in v["pairs"])
     # stream: raw's prompts through the engine's stream, no flow: as many tokens as raw's call (greedy at 8 tokens
     # would be needed for equality; sampled, each output is at most 8 tokens and at least 1)
     for row in variants["stream"]["pairs"] + variants["stream_all"]["pairs"]:
@@ -137,6 +156,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     assert "By size, each job beside a raw call of its own" in table and "| 4 |" in table and "| 8 |" in table
     assert "| method |" in table and "raw vLLM" in table and "ratio_flow_vs_raw" in table
     assert "Repeats: 2 pairs" in table and "| 2 |" in table and "Raw vLLM beside the pipeline" in table
+    assert "Pace probes: raw vLLM's one call on the first 4 prompts" in table and "flow / raw, paced" in table
     assert "after its last output (the last windows' validation and staging" in table
     assert "made right beside the job (raw, then the job)" in table
     assert "| in_stream_2 |" in table and "after the last output s" in table and "steps not full" in table
@@ -284,6 +304,35 @@ def test_paired_ratios_are_the_medians_of_each_pairs_ratios():
     assert two["ratio_flow_vs_raw"] == 0.85 and two["median_pair"] == 0  # the lower of the two middle pairs
 
 
+def test_paced_ratios_take_the_hosts_drift_between_the_two_runs_out():
+    from benchmarks.run import pace_spread, paced_ratio, pair_row
+
+    # the host sped up by half between raw's run and the flow's: unpaced the flow looks 20% faster than raw, paced
+    # (each over the mean of the probes around it) 20% slower
+    raw = {"output_tokens_per_second": 100.0, "wall_seconds": 1.0, "host_pace_tokens_per_second": 1000.0}
+    flow = {"output_tokens_per_second": 120.0, "wall_seconds": 1.0, "host_pace_tokens_per_second": 1500.0}
+    row = pair_row(raw, {"flow": flow, "generation": {**flow, "output_tokens_per_second": 135.0}})
+    assert (row["ratio_flow_vs_raw"], row["ratio_flow_vs_raw_paced"]) == (1.2, 0.8)
+    assert row["ratio_generation_vs_raw_paced"] == 0.9
+    # without probes (or a method that had none around it): no paced ratio, not a guess
+    assert paced_ratio({"output_tokens_per_second": 120.0}, raw) is None
+    probes = [{"probes": [{"output_tokens_per_second": r} for r in rates]} for rates in ([1000.0, 1200.0], [1500.0])]
+    assert pace_spread(probes) == {"min": 1000.0, "max": 1500.0, "moved": 0.5}
+    assert pace_spread([{}]) is None
+
+
+def test_steal_is_the_share_of_the_hosts_cpu_time_its_hypervisor_gave_others():
+    from collections import namedtuple
+
+    from benchmarks.run import steal_share
+
+    times = namedtuple("times", "user nice system idle iowait irq softirq steal guest guest_nice")
+    before = times(100, 0, 20, 800, 0, 0, 0, 10, 50, 0)
+    after = times(160, 0, 30, 880, 0, 0, 0, 40, 90, 0)  # 180 s of CPU time, 30 of them stolen; guest is in user's
+    assert steal_share(before, after) == pytest.approx(100 * 30 / 180)
+    assert steal_share(namedtuple("times", "user idle")(1, 2), namedtuple("times", "user idle")(2, 3)) is None
+
+
 def test_time_beyond_raw_splits_into_a_fixed_part_and_a_share_and_finds_where_the_target_holds():
     from benchmarks.run import beyond_raw
 
@@ -348,6 +397,7 @@ def test_involuntary_switches_count_every_thread_not_the_main_one_alone():
                                            (["--beside-pipeline", "-5"], "--beside-pipeline must be 0 (off)"),
                                            (["--add-per-step", "0"], "--add-per-step must be at least 1"),
                                            (["--hf-items", "-1"], "--hf-items must be 0 (no HF transformers)"),
+                                           (["--pace-probe", "-4"], "--pace-probe must be 0 (no probes)"),
                                            (["--hf-batch-size", "0"], "--hf-batch-size must be at least 1"),
                                            (["--sizes", "100", "--with-retries", "--retry-sizes", "50", "100"],
                                             "--retry-sizes [50, 100]: each must be one of --sizes [100]"),
