@@ -26,10 +26,13 @@
 #   RUN_EXTRA="--windows-held-per-place 8" BESIDE80=0 STEPS=paired80 ...   # the flow holding 8 windows per place
 #                                               # (also without retries): one call, then the same without it
 #   RUN_EXTRA="--add-per-step 100000" BESIDE80=0 STEPS=paired80 ...   # a window's requests into the engine at once
-#   SIZES=60000 REPEATS16=2 BESIDE16=0 RUN_EXTRA="--pace-probe 4096 --hf-items 0" STEPS=paired16 ...
-#                                               # raw and the flow twice with the host's pace probed around every
-#                                               # run (paced ratios: its drift taken out; an H100 host's pace moved
-#                                               # 1.8x within 11 minutes, benchmarks/results/gpu-h100/lease-2026-12-07/)
+#   SIZES=60000 REPEATS16=2 BESIDE16=0 RUN_EXTRA="--hf-items 0" STEPS=paired16 ...
+#                                               # raw and the flow twice at 60,000 x 16, without HF
+#   PROBE16=0 / PROBE80=0                       # paired16 and variants16 probe the host's pace with raw's call on
+#                                               # 4,096 prompts (PROBE16) before each repeat and after every run,
+#                                               # paired80 and variants80 on 1,024 (PROBE80): the paced ratios, its
+#                                               # drift taken out (an H100 host's pace moved 1.8x within 11 minutes,
+#                                               # benchmarks/results/gpu-h100/lease-2026-12-07/); 0: no probes
 #
 # Two trees on one machine (a change against the tree before it): carry the older tree as a git-ignored folder,
 #   mkdir -p .xfer/old && git archive OLD_COMMIT | tar -x -C .xfer/old
@@ -154,20 +157,20 @@ step run 570 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 16 --hf-items
   --serial-items 32 --retry-items 64 --with-retries ${RUN_EXTRA:-} --out "$RES"
 step paired16 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes ${SIZES:-10000} --max-tokens 16 \
   --repeats "${REPEATS16:-5}" --beside-pipeline "${BESIDE16:-50000}" --hf-items 32 --hf-batch-size 32 \
-  --serial-items 16 --retry-items 16 ${RUN_EXTRA:-} --out "$RES/max-tokens-16"
+  --serial-items 16 --retry-items 16 --pace-probe "${PROBE16:-4096}" ${RUN_EXTRA:-} --out "$RES/max-tokens-16"
 step paired80 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes ${SIZES:-10000} --max-tokens 80 \
   --repeats "${REPEATS:-3}" --beside-pipeline "${BESIDE80:-100000}" --hf-items 32 --hf-batch-size 32 \
-  --serial-items 16 --retry-items 16 \
+  --serial-items 16 --retry-items 16 --pace-probe "${PROBE80:-1024}" \
   --with-retries --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES"
 step paired80_fcfs 540 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-3}" \
   --scheduling-policy fcfs --hf-items 32 --hf-batch-size 32 --serial-items 16 --retry-items 16 --with-retries \
   --retry-variants in_stream ${RUN_EXTRA:-} --out "$RES/fcfs"
 step variants80 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 --repeats "${REPEATS:-2}" \
   --flow-variants ${VARIANTS:-add_all held8} --hf-items 0 --serial-items 8 --retry-items 8 \
-  ${RUN_EXTRA:-} --out "$RES/variants80"
+  --pace-probe "${PROBE80:-1024}" ${RUN_EXTRA:-} --out "$RES/variants80"
 step variants16 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes ${SIZES:-10000} --max-tokens 16 \
   --repeats "${REPEATS16:-3}" --flow-variants ${VARIANTS:-engine_apart own_cores} --hf-items 0 \
-  --serial-items 8 --retry-items 8 ${RUN_EXTRA:-} --out "$RES/variants16"
+  --serial-items 8 --retry-items 8 --pace-probe "${PROBE16:-4096}" ${RUN_EXTRA:-} --out "$RES/variants16"
 step here 420 "$PY" -m benchmarks.run --front-end here --sizes 10000 --max-tokens 80 16 --hf-items 8 \
   --serial-items 4 --retry-items 8 --out "$RES/front-end-here"
 step run_batch 540 "$PY" -m benchmarks.run_batch_compare --items 10000 --max-tokens 80 --out "$RES/run-batch"
