@@ -182,7 +182,7 @@ def parse_args(argv: list[str] | None) -> Config:
                              "method and after each one: the host's own pace through the run. Each method's rate "
                              "over the mean of the two probes around it, against raw's likewise, gives the paced "
                              "ratios (ratio_flow_vs_raw_paced): the comparison with the host's drift taken out "
-                             "(an H100 host's pace moved 40%% within minutes, benchmarks/results/gpu-h100/"
+                             "(an H100 host's pace moved 1.8x within 11 minutes, benchmarks/results/gpu-h100/"
                              "lease-2026-12-07/). Default 0: no probes")
     parser.add_argument("--beside-pipeline", type=int, default=0, metavar="ITEMS",
                         help="at the largest size, also run raw vLLM once more while benchmarks.pipeline_only runs "
