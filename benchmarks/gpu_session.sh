@@ -32,7 +32,9 @@
 #                                               # 4,096 prompts (PROBE16) before each repeat and after every run,
 #                                               # paired80 and variants80 on 1,024 (PROBE80): the paced ratios, its
 #                                               # drift taken out (an H100 host's pace moved 1.8x within 11 minutes,
-#                                               # benchmarks/results/gpu-h100/lease-2026-12-07/); 0: no probes
+#                                               # benchmarks/results/gpu-h100/lease-2026-12-07/); 0: no probes.
+#                                               # Each probe takes about 3-4 s on an H100: the times below are
+#                                               # without them (paired80's 3 repeats: about 30 s more)
 #
 # Two trees on one machine (a change against the tree before it): carry the older tree as a git-ignored folder,
 #   mkdir -p .xfer/old && git archive OLD_COMMIT | tar -x -C .xfer/old
