@@ -383,7 +383,8 @@ def cpu_use(before: dict[int, tuple[str, float, int]], after: dict[int, tuple[st
     switches per second (a process started during the phase counts from 0; one that ended during it is not
     counted), and the host's busy cores on average (every process on the machine: psutil.cpu_percent over the
     phase); with `steal_percent`, the share of the host's CPU time its hypervisor gave other machines while this
-    one wanted it (steal_share)."""
+    one wanted it (Linux's steal counter, psutil.cpu_times_percent over the phase): a shared GPU host's neighbours
+    show there, and nowhere in this machine's own load."""
     cpu: dict[str, float] = {}
     switched: dict[str, int] = {}
     for pid, (group, cpu_seconds, involuntary) in after.items():
@@ -395,17 +396,6 @@ def cpu_use(before: dict[int, tuple[str, float, int]], after: dict[int, tuple[st
                                            for k, v in sorted(switched.items())},
             "host_busy_cores": round((os.cpu_count() or 1) * host_busy_percent / 100, 2),
             **({} if steal_percent is None else {"host_steal_percent": round(steal_percent, 2)})}
-
-
-def steal_share(before: Any, after: Any) -> float | None:
-    """Between two psutil.cpu_times() readings, the percent of the host's CPU time that was stolen: time its
-    virtual cores wanted to run while the hypervisor ran other machines on them (Linux's steal counter; None
-    where there is none). A shared GPU host's neighbours show here, and nowhere in this machine's own load."""
-    if not hasattr(before, "steal"):
-        return None
-    fields = [f for f in before._fields if f not in ("guest", "guest_nice")]  # guest time is inside user's
-    total = sum(getattr(after, f) - getattr(before, f) for f in fields)
-    return 100 * (after.steal - before.steal) / total if total > 0 else None
 
 
 class TreeMemory:
@@ -485,11 +475,12 @@ class TreeMemory:
         load_before = os.getloadavg()[0]
         cpu_before, started = cpu_reading(self._psutil, self._proc), time.perf_counter()
         self._psutil.cpu_percent(None)  # the host's busy share counts from here (the next call's)
-        times_before = self._psutil.cpu_times()
+        self._psutil.cpu_times_percent(None)  # and its CPU time by kind (steal: none where the system has none)
         record: dict[str, Any] = {}
         yield record
         record["cpu"] = cpu_use(cpu_before, cpu_reading(self._psutil, self._proc), self._psutil.cpu_percent(None),
-                                time.perf_counter() - started, steal_share(times_before, self._psutil.cpu_times()))
+                                time.perf_counter() - started,
+                                getattr(self._psutil.cpu_times_percent(None), "steal", None))
         self._record()
         if self.gpu:
             self._record_gpu()
