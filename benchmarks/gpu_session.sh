@@ -45,6 +45,8 @@
 # (benchmarks/results/gpu-h100/lease-2026-12-05f/ ran so).
 #
 # Steps, each under a time limit (its cap, or what is left of SESSION_SECONDS, default 540):
+# (on a fresh machine the first step spends about 225 s before its first measured run: imports, the model's GGUF
+# converted, the engine built with a cold compile cache, the warm-up; benchmarks/results/gpu-h100/lease-2026-12-07b/)
 #   run        benchmarks.run: 10,000 items at max_tokens 80 and 16 with one engine; HF transformers on 256 items
 #              in batches of 64; one prompt per call on 32 items; the retry strategies on 64 items; the whole job
 #              with the example job's retries at 80 tokens against raw's first pass, retried in the stream, in
