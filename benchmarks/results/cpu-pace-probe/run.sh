@@ -8,7 +8,10 @@ python -m benchmarks.run "${ARGS[@]}" --out "$OUT/alone" > "$OUT/alone.log" 2>&1
 echo "alone: exit $?"
 python -m benchmarks.run "${ARGS[@]}" --out "$OUT/drift" > "$OUT/drift.log" 2>&1 &
 bench=$!
-until grep -q "(b) raw vLLM, one call on" "$OUT/drift.log" 2>/dev/null; do sleep 0.2; done
+until grep -q "(b) raw vLLM, one call on" "$OUT/drift.log" 2>/dev/null; do
+  kill -0 $bench 2>/dev/null || { wait $bench; echo "drift: exit $? before its first measured method"; exit 1; }
+  sleep 0.2
+done
 python benchmarks/results/cpu-pace-probe/hog.py "${RAMP:-90}" "${TOP:-0.9}" &
 hog=$!
 wait $bench
