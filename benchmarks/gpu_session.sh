@@ -19,6 +19,9 @@
 #                                               # (2026-12-06, a slow H100: no faster, more left cut off; with a
 #                                               # cold compile cache it needs more than one call's 480 s there)
 #   BESIDE16=0 BESIDE80=0 STEP_CAP=580 ...  # paired16/paired80 without the raw-beside-pipeline run, a longer cap
+#                                               # (else the stand-in pipeline's ITEMS, not a switch: it must last
+#                                               # through raw's call; BESIDE16=1 covered 2% of it, flagged in the
+#                                               # report; defaults 50,000 and 100,000 items)
 #   SIZES="10000 30000" REPEATS16=2 BESIDE16=0 STEPS=paired16 ...   # paired16/paired80 at these sizes: how the time
 #                                               # beyond raw's grows with the items (a fixed part and a share)
 #   SIZES="10000 20000" REPEATS=1 BESIDE80=0 RUN_EXTRA="--retry-sizes 10000 20000" STEPS=paired80 ...

@@ -317,19 +317,36 @@ def profile_lines(profiles: dict[str, Any] | None, top: int = 12) -> list[str]:
     return lines + [""]
 
 
+# Below this share of raw's call covered by the stand-in pipeline's measured run, the beside figure is mostly raw alone
+BESIDE_OVERLAP_ENOUGH = 0.5
+
+
+def beside_shortfall(beside: dict[str, Any]) -> str:
+    """What to say when --beside-pipeline's stand-in ran for too little of raw's call to be worth reading ("" if
+    not): its items were too few for the host (2026-12-07: `BESIDE16=1` taken for a switch covered 2%)."""
+    b = beside["beside"]
+    if b["overlap"] is None or b["overlap"] >= BESIDE_OVERLAP_ENOUGH:
+        return ""
+    return (f"the pipeline's run covered only {_num(100 * b['overlap'], 0)}% of raw's call ({b['pipeline_items']:,} "
+            "items), so this ratio is mostly raw alone and the host's drift, not the pipeline's cost: give "
+            "--beside-pipeline enough items to last through raw's call")
+
+
 def beside_lines(beside: dict[str, Any] | None) -> list[str]:
     """--beside-pipeline: raw vLLM's rate while the pipeline ran beside it, against its rate alone."""
     if not beside:
         return []
     b = beside["beside"]
+    shortfall = beside_shortfall(beside)
     return [f"Raw vLLM beside the pipeline: {_num(beside['output_tokens_per_second'])} output tokens/s while "
             f"`benchmarks.pipeline_only` ran the flow on {b['pipeline_items']:,} items with its engine stood in, in a "
             f"process of its own ({_num(b['pipeline_items_per_second'])} items/s, covering "
             f"{_num(100 * (b['overlap'] or 0), 0)}% of raw's call; CPU seconds "
             + ", ".join(f"{k} {v:.1f}" for k, v in (b.get("pipeline_cpu_seconds") or {}).items())
-            + f"): **{_num(beside['ratio_vs_raw_alone'], 3)}** of raw alone (the median of the pairs). The stand-in "
-            "pipeline runs as fast as the host lets it, asking more of the host than the flow does while its engine "
-            "generates.", ""]
+            + f"): **{_num(beside['ratio_vs_raw_alone'], 3)}** of raw alone (the median of the pairs). "
+            + (f"**Not worth reading: {shortfall}.**" if shortfall else
+               "The stand-in pipeline runs as fast as the host lets it, asking more of the host than the flow does "
+               "while its engine generates."), ""]
 
 
 def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "") -> list[str]:

@@ -1757,8 +1757,12 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             alone = statistics.median(p["raw_output_tokens_per_second"] for p in spread["pairs"])
             beside["ratio_vs_raw_alone"] = ratio(beside["output_tokens_per_second"], alone)
             sizes[str(n)]["raw_beside_pipeline"] = beside
+            from benchmarks.report import beside_shortfall
+
+            shortfall = beside_shortfall(beside)
             log(f"raw beside the pipeline: {beside['output_tokens_per_second']} tok/s, "
-                f"{beside['ratio_vs_raw_alone']} of raw alone (median {alone})")
+                f"{beside['ratio_vs_raw_alone']} of raw alone (median {alone})"
+                + (f"; not worth reading: {shortfall}" if shortfall else ""))
         if n in cfg.sizes_with_retries and max_tokens == cfg.max_tokens:
             try:
                 # every retry variant at the largest size; the example's own way alone at the others (the line

@@ -605,6 +605,25 @@ def test_an_engine_core_profile_sums_seconds_by_thread_and_by_function():
     assert got["total"]["step (vllm/v1/engine/core.py)"] == 2.75
 
 
+def test_a_beside_run_too_short_to_cover_raws_call_is_flagged_not_reported_as_the_pipelines_cost():
+    """--beside-pipeline 1 (taken for a switch on an H100, 2026-12-07) ran the stand-in for 2% of raw's 51 s call;
+    its 0.786 of raw alone read like the pipeline's cost. The report says it is not worth reading, and why."""
+    import copy
+
+    from benchmarks.report import beside_lines
+
+    lease = ROOT / "benchmarks/results/gpu-h100/lease-2026-12-07c/c-paired16.json"
+    beside = json.loads(lease.read_text())["sizes"]["60000"]["raw_beside_pipeline"]
+    assert beside["beside"]["pipeline_items"] == 1 and beside["beside"]["overlap"] < 0.05
+    text = " ".join(beside_lines(beside))
+    assert "**0.786** of raw alone" in text
+    assert "Not worth reading" in text and "covered only 2% of raw's call (1 items)" in text
+    covered = copy.deepcopy(beside)
+    covered["beside"].update(pipeline_items=50_000, overlap=0.9)
+    text = " ".join(beside_lines(covered))
+    assert "Not worth reading" not in text and "asking more of the host than the flow does" in text
+
+
 def test_the_engine_core_is_recorded_for_the_block_alone(tmp_path, monkeypatch):
     """--profile-engine-core: py-spy starts on the engine core's pid, the block runs once it samples, it is
     stopped with SIGINT after the block and its stacks are summed under the block's label. py-spy stood in by a
