@@ -89,6 +89,10 @@
 #              REPEATS16=1 VARIANTS=stream RUN_EXTRA=--profile-engine-core: about 5.5 minutes with the setup, 4 more
 #              with --reversed-first (lease-2026-12-06g: the stream as slow as the flow); VARIANTS="stream stream_all
 #              wide": whether queuing every request at the start (the stream's, the flow's) restores raw's pace.
+#              VARIANTS=raw_load SIZES=60000 REPEATS16=2: raw's call again with about 1 core of CPU load beside
+#              it (4 processes partly busy), against raw alone, paced: whether CPU work like the flow's own slows
+#              the engine of a fast host through the host alone (lease-2026-12-07c: the flow's steps 11% slower
+#              there while it kept 0.5-0.7 more cores busy; 4 cores of load took raw's from 29 to 37 ms)
 #              variants80 and variants16 run no HF transformers (--hf-items 0: ~25 s a call that no figure of
 #              theirs needs); each run's figures are in the step's log as it ends, so a step cut short keeps them
 #   here       the same comparison at 80 and 16 tokens (HF, the loop and the retry runs on a few items only) with

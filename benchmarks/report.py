@@ -289,7 +289,13 @@ def variants_lines(variants: dict[str, Any] | None) -> list[str]:
                      f"| {step_ms(rows, 'raw_engine_steps', 'raw_engine_step_seconds')} |"
                      + (f" {_num(v.get('ratio_flow_vs_raw_paced'), 3)} "
                         f"| {', '.join(_num(r.get('ratio_flow_vs_raw_paced'), 3) for r in rows)} |" if paced else ""))
-    return lines + [""]
+    loaded = {name: [r["load"] for r in v["pairs"] if r.get("load")] for name, v in variants.items()}
+    notes = [f"- {name}: raw's call with CPU load beside it, which kept "
+             + ", ".join(f"{_num(load['busy_cores'], 2)}" for load in loads)
+             + f" of the host's cores busy on average ({loads[0]['processes']} processes; each repeat in order); "
+             "its ratios are raw's own rate under that load against raw's alone" for name, loads in loaded.items()
+             if loads]
+    return lines + ([""] + notes if notes else []) + [""]
 
 
 def profile_lines(profiles: dict[str, Any] | None, top: int = 12) -> list[str]:

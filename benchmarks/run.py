@@ -1034,6 +1034,48 @@ def first_results(timings: dict[str, float], body_started: float, called_at: flo
 # average at 60,000 x 16 on an H100, benchmarks/results/gpu-h100/lease-2026-12-06f/), a window at a time.
 STREAM_WINDOW, STREAM_WINDOWS_HELD = 512, 8
 ALL = 1_000_000  # a window's requests, or every window, at once
+# raw_load's CPU load: spread over a few processes partly busy, as the flow's threads and processes are, not one
+# process spinning on one core
+LOAD_PROCESSES, LOAD_PERIOD_MS = 4, 20
+_SPIN = """
+import sys, time
+share, period = float(sys.argv[1]), float(sys.argv[2]) / 1000
+while True:
+    begun = time.monotonic()
+    while time.monotonic() - begun < share * period:
+        pass
+    time.sleep(max(0.0, period - (time.monotonic() - begun)))
+"""
+
+
+@contextmanager
+def cpu_load(cores: float, processes: int = LOAD_PROCESSES) -> Iterator[dict[str, Any]]:
+    """About `cores` of the host's cores kept busy for the block by `processes` processes, each busy cores/processes
+    of every LOAD_PERIOD_MS ms, on whichever cores the host gives them. Yields a dict that gets, after the block,
+    the CPU seconds they used (what the load really was: on a host short of cores they get less)."""
+    import psutil
+
+    share = min(1.0, cores / processes)
+    procs = [subprocess.Popen([sys.executable, "-c", _SPIN, str(share), str(LOAD_PERIOD_MS)])
+             for _ in range(processes)]
+    load: dict[str, Any] = {"cores": cores, "processes": processes}
+    started = time.perf_counter()
+    try:
+        yield load
+    finally:
+        used = 0.0
+        for proc in procs:
+            try:
+                times = psutil.Process(proc.pid).cpu_times()
+                used += times.user + times.system
+            except psutil.Error:
+                pass
+            proc.kill()
+            proc.wait()
+        seconds = time.perf_counter() - started
+        load.update(cpu_seconds=round(used, 2), busy_cores=round(used / seconds, 2) if seconds else None)
+
+
 # The job's own settings a variant may set (bench_job's top-level settings)
 JOB_SETTINGS = ("window_size", "windows_in_flight")
 
@@ -1064,6 +1106,11 @@ FLOW_VARIANTS: dict[str, tuple[dict[str, int | bool], str]] = {
                    "no flow: raw's prompts and sampling through batchgen's engine stream, every window sent at the "
                    "start and each window's requests added between two steps at once: raw's way of feeding (all its "
                    "requests queued before its first steps) through the stream"),
+    "raw_load": ({"load_cores": 1.0},
+                 f"no flow: raw's one call with about 1 core of CPU load beside it ({LOAD_PROCESSES} processes, each "
+                 f"busy a share of every {LOAD_PERIOD_MS} ms, on any core): what CPU work like the flow's own (0.5-0.7 "
+                 "core more than raw's at 60,000 x 16 on an H100, lease-2026-12-07c) costs the engine through the "
+                 "host alone"),
     "wide": ({"window_size": 8192, "windows_in_flight": 8},
              "the job's windows of 8,192 items, 8 feeding the engine at once (up to 65,536 requests queued, against "
              "3 of 2,048): the flow queuing about as much as raw's call up to 60,000 items"),
@@ -1239,6 +1286,7 @@ def variant_ratios(pairs: list[dict[str, Any]], variants: list[str]) -> dict[str
                 # above 1: this variant's flow was faster than the default flow of the same repeat
                 "ratio_vs_default_flow": ratio(default["flow"]["wall_seconds"], run["flow"]["wall_seconds"]),
                 "cpu": run["flow"].get("cpu"), "raw_cpu": raw.get("cpu"),
+                **({"load": run["flow"]["load"]} if "load" in run["flow"] else {}),  # raw_load: the load it had
             })
         result[name] = {"settings": FLOW_VARIANTS[name][0], "pairs": rows,
                         **medians(rows, (*PAIR_RATIOS, "ratio_vs_default_flow"))}
@@ -1658,6 +1706,16 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
                         pair["raw"] = run_raw(engine, prompt_ids[:n], params, memory)
                     log_run("raw", pair["raw"])
                     probe("raw", pair["raw"])
+                elif "load_cores" in settings:
+                    log(f"(b') raw vLLM, one call on {n} prompts, max_tokens {max_tokens}{which}{named}")
+                    with cpu_load(float(settings["load_cores"])) as load, profiled:
+                        loaded = run_raw(engine, prompt_ids[:n], params, memory)
+                    loaded["load"] = load
+                    pair["runs"][method] = {"flow": loaded, "generation": loaded, "engine_feed": {
+                        "steps": loaded.get("engine_steps"), "busy_seconds": loaded.get("engine_step_seconds")}}
+                    log_run(method, loaded)
+                    log(f"    its load: {load['busy_cores']} cores busy on average ({load['cpu_seconds']} CPU s)")
+                    probe(method, loaded, loaded)
                 elif "stream_window" in settings:
                     log(f"(a) {n} prompts, max_tokens {max_tokens}{which}{named}")
                     with flow_variant(engine, method), profiled:

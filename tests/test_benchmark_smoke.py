@@ -30,16 +30,18 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
                            "--retry-variants", "in_stream",
                            "continue_then_grow_ahead_in_stream", "in_stream", "to_cap_in_stream",
                            "--windows-held-per-place", "3", "--add-per-step", "5",
-                           "--flow-variants", "add_all", "stream", "stream_all", "wide", "--pace-probe", "4",
+                           "--flow-variants", "add_all", "stream", "stream_all", "wide", "raw_load",
+                           "--pace-probe", "4",
                            "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     # each measured run's line as it ends (2 sizes x 2 repeats), with its engine's pace where it was counted
     ran = re.findall(r"\] +(\w+): [\d.]+ s, [\d.]+ output tok/s.*, \d+ engine steps, [\d.]+ ms a step", proc.stderr)
-    assert Counter(ran) == {m: 4 for m in ("raw", "default", "add_all", "stream", "stream_all", "wide")}, ran
+    methods_run = ("raw", "default", "add_all", "stream", "stream_all", "wide", "raw_load")
+    assert Counter(ran) == {m: 4 for m in methods_run}, ran
     # --pace-probe: raw's call on 4 prompts before each repeat's first method and after every method
     probed = re.findall(r"\] +pace probe(?: after (\w+))?: [\d.]+ s, [\d.]+ output tok/s", proc.stderr)
-    assert len(probed) == 2 * 2 * 7 and Counter(probed)[""] == 4, probed
+    assert len(probed) == 2 * 2 * 8 and Counter(probed)[""] == 4, probed
 
     result = json.loads((out / "latest.json").read_text(encoding="utf-8"))
     for key in RATIOS:
@@ -75,7 +77,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
 
     # --flow-variants: the default flow and each variant beside the same raw call of every repeat
     variants = result["sizes"]["8"]["flow_variants"]
-    assert list(variants) == ["default", "add_all", "stream", "stream_all", "wide"]
+    assert list(variants) == ["default", "add_all", "stream", "stream_all", "wide", "raw_load"]
     assert result["config"]["flow_variants"]["add_all"] == {"add_per_step": 1_000_000}
     assert result["config"]["flow_variants"]["wide"] == {"window_size": 8192, "windows_in_flight": 8}
     assert [p["flow_wall_seconds"] for p in variants["default"]["pairs"]] == [p["flow_wall_seconds"] for p in pairs]
@@ -83,7 +85,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
         assert len(v["pairs"]) == 2 and all(p["engine_steps"] > 0 and p["ratio_flow_vs_raw"] > 0 for p in v["pairs"])
     assert "| add_all | add_per_step 1,000,000 |" in (out / "latest.md").read_text(encoding="utf-8")
     # the pace probes of each repeat in the order they ran around the methods, and the ratios with them taken out
-    order = ["raw", "default", "add_all", "stream", "stream_all", "wide"]
+    order = ["raw", "default", "add_all", "stream", "stream_all", "wide", "raw_load"]
     size = result["sizes"]["8"]
     assert [[p["after"] for p in repeat] for repeat in size["pace_probes"]] == [[None, *order], [None, *order[::-1]]]
     rates = [p["output_tokens_per_second"] for repeat in size["pace_probes"] for p in repeat]
@@ -100,6 +102,11 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     # would be needed for equality; sampled, each output is at most 8 tokens and at least 1)
     for row in variants["stream"]["pairs"] + variants["stream_all"]["pairs"]:
         assert 8 <= row["flow_output_tokens"] <= 64 and row["flow_wall_seconds"] > 0
+    # raw_load: raw's own call again with about 1 core of CPU load beside it, the load's CPU seconds measured
+    for row in variants["raw_load"]["pairs"]:
+        assert 8 <= row["flow_output_tokens"] <= 64 and row["engine_steps"] > 0
+        assert row["load"]["processes"] == 4 and row["load"]["cpu_seconds"] > 0 and row["load"]["busy_cores"] > 0.1
+    assert "- raw_load: raw's call with CPU load beside it" in (out / "latest.md").read_text(encoding="utf-8")
 
     # the flow's time outside the engine's span: before its first request and after its last output, whose parts
     # (the last windows, then publishing) make it up
