@@ -1038,9 +1038,10 @@ ALL = 1_000_000  # a window's requests, or every window, at once
 # process spinning on one core
 LOAD_PROCESSES, LOAD_PERIOD_MS = 4, 20
 _SPIN = """
-import sys, time
+import os, sys, time
 share, period = float(sys.argv[1]), float(sys.argv[2]) / 1000
-while True:
+parent = os.getppid()
+while os.getppid() == parent:  # never outlives the benchmark, even one killed at a session step's limit
     begun = time.monotonic()
     while time.monotonic() - begun < share * period:
         pass
@@ -1079,7 +1080,7 @@ def cpu_load(cores: float, processes: int = LOAD_PROCESSES) -> Iterator[dict[str
 # The job's own settings a variant may set (bench_job's top-level settings)
 JOB_SETTINGS = ("window_size", "windows_in_flight")
 
-FLOW_VARIANTS: dict[str, tuple[dict[str, int | bool], str]] = {
+FLOW_VARIANTS: dict[str, tuple[dict[str, int | float | bool], str]] = {
     "default": ({}, "the flow as it is"),
     "add_all": ({"add_per_step": ALL}, "its engine stream adds a window's requests between two steps at once "
                                              "(batchgen.stream.ADD_PER_STEP otherwise)"),
