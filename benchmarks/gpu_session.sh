@@ -111,6 +111,12 @@
 #   floor      benchmarks.pipeline_floor on 20,000 items, windows of 2,048 and 8,192: what the tokenizer and
 #              Prefect's task runs cost on the host, beside the pipeline alone, into $RES/pipeline-floor (about
 #              2 minutes on 2 cores, not by default)
+# Compile caches across leases (a fresh machine builds the engine in 72-115 s with cold caches, 32-39 s warm:
+# lease-2026-12-07c): WARM_OUT=1 packs vLLM's torch.compile cache, Inductor's and Triton's at the session's end
+# into $OUT/compile-caches.tgz (one of the 8 files that come back; left out above 15 MiB, its size logged); keep it
+# git-ignored here as .xfer/warm/compile-caches.tgz and carry .xfer/warm on a later lease's last setup call: a
+# session finding it (WARM_IN, that path by default) unpacks it before its first step. Caches that do not match
+# that machine's versions are simply not used (vLLM and Inductor key them by version and config).
 # A step that fails or runs out of time is reported in session.log; the next step still runs. Each step's log,
 # session.log and copies of latest.json, latest.md, latest.png and big_model.json go to $OUT when it is set
 # (8 files, flat), else to a temporary folder whose name is printed.
@@ -133,6 +139,23 @@ SUMMARY="$LOGS/session.log"
   # the JSON-lines mirrors' writer: Polars where the payload brought it (docs/gpu.md), else the slower orjson path
   "$PY" -c "import batchgen.publish as p; print('polars writer', p._polars() is not None)" 2>&1 | tail -1
 } > "$SUMMARY"
+
+# vLLM's, Inductor's and Triton's compile caches, relative to / (as tar stores them)
+compile_caches() {
+  local dir
+  for dir in "${VLLM_CACHE_ROOT:-$HOME/.cache/vllm}/torch_compile_cache" \
+             "${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$(id -un)}" "${TRITON_CACHE_DIR:-$HOME/.triton/cache}"; do
+    [ -d "$dir" ] && echo "${dir#/}"
+  done
+}
+WARM_IN=${WARM_IN:-.xfer/warm/compile-caches.tgz}
+if [ -f "$WARM_IN" ]; then
+  if tar -C / -xzf "$WARM_IN" 2>> "$SUMMARY"; then
+    echo "compile caches: unpacked $WARM_IN ($(du -k "$WARM_IN" | cut -f1) KB)" >> "$SUMMARY"
+  else
+    echo "compile caches: $WARM_IN could not be unpacked; cold caches" >> "$SUMMARY"
+  fi
+fi
 
 left() { echo $(( SESSION_SECONDS - ($(date +%s) - started) )); }
 
@@ -223,5 +246,19 @@ if [ "$LOGS" != "$RES" ]; then
   [[ $STEPS == *" run_batch "* && -f "$RES/run-batch/run_batch.json" ]] && cp "$RES/run-batch/run_batch.json" "$LOGS/"
   [[ $STEPS == *" run_batch_retries "* && -f "$RES/run-batch/run_batch_retries.json" ]] &&
     cp "$RES/run-batch/run_batch_retries.json" "$LOGS/"
+fi
+if [ "${WARM_OUT:-0}" = 1 ]; then
+  mapfile -t caches < <(compile_caches)
+  if (( ${#caches[@]} )) && tar -C / -czf "$LOGS/compile-caches.tgz" "${caches[@]}" 2>> "$SUMMARY"; then
+    kb=$(du -k "$LOGS/compile-caches.tgz" | cut -f1)
+    if (( kb > 15 * 1024 )); then
+      rm -f "$LOGS/compile-caches.tgz"
+      echo "compile caches: ${caches[*]}: $kb KB packed, over the 15 MiB a file may bring back; left out" >> "$SUMMARY"
+    else
+      echo "compile caches: ${caches[*]} packed into compile-caches.tgz ($kb KB)" >> "$SUMMARY"
+    fi
+  else
+    echo "compile caches: none to pack" >> "$SUMMARY"
+  fi
 fi
 echo "session done in $(( $(date +%s) - started )) s; figures in $RES, logs in $LOGS" | tee -a "$SUMMARY"
