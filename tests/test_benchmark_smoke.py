@@ -796,3 +796,29 @@ def test_each_flow_variant_is_compared_with_its_own_repeats_raw_call_and_default
     assert got["default"]["ratio_vs_default_flow"] == 1.0 and got["add_all"]["settings"] == {"add_per_step": 1_000_000}
     first = got["add_all"]["pairs"][0]
     assert (first["engine_steps"], first["engine_full_share"], first["raw_engine_steps"]) == (10, 0.812, 9)
+
+
+def test_gpu_session_packs_the_compile_caches_and_a_later_session_unpacks_them(tmp_path):
+    """benchmarks/gpu_session.sh with no steps: WARM_OUT=1 packs vLLM's compile cache into $OUT/compile-caches.tgz;
+    a later session given it (WARM_IN) puts the same files back before its first step, as a fresh machine of the
+    next lease would."""
+    home = tmp_path / "home"
+    artifact = home / ".cache/vllm/torch_compile_cache/abc/rank_0/artifact.bin"
+    artifact.parent.mkdir(parents=True)
+    artifact.write_bytes(b"compiled")
+    env = {**os.environ, "HOME": str(home), "STEPS": "none", "PYTHON": sys.executable,
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "no-inductor"), "TRITON_CACHE_DIR": str(tmp_path / "no-triton")}
+    first, later = tmp_path / "first", tmp_path / "later"
+    script = str(ROOT / "benchmarks/gpu_session.sh")
+    done = subprocess.run(["bash", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**env, "WARM_OUT": "1", "OUT": str(first), "RESULTS_DIR": str(first / "res")})
+    assert done.returncode == 0, done.stderr
+    packed = first / "compile-caches.tgz"
+    assert packed.is_file() and "packed into compile-caches.tgz" in (first / "session.log").read_text()
+    artifact.unlink()
+    done = subprocess.run(["bash", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**env, "WARM_IN": str(packed), "OUT": str(later), "RESULTS_DIR": str(later / "res")})
+    assert done.returncode == 0, done.stderr
+    assert artifact.read_bytes() == b"compiled"
+    assert f"compile caches: unpacked {packed}" in (later / "session.log").read_text()
+    assert not (later / "compile-caches.tgz").exists()  # WARM_OUT off: nothing packed
