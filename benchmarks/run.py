@@ -307,6 +307,8 @@ def _group(proc: Any) -> str:
         return "workers"
     if "uvicorn" in title or "prefect" in title:
         return "prefect_server"
+    if LOAD_TITLE in title:
+        return "load"
     return "other"
 
 
@@ -1037,9 +1039,10 @@ ALL = 1_000_000  # a window's requests, or every window, at once
 # raw_load's CPU load: spread over a few processes partly busy, as the flow's threads and processes are, not one
 # process spinning on one core
 LOAD_PROCESSES, LOAD_PERIOD_MS = 4, 20
+LOAD_TITLE = "batchgen-cpu-load"  # in each load process's command line: _group counts its CPU as "load"
 _SPIN = """
 import os, sys, time
-share, period = float(sys.argv[1]), float(sys.argv[2]) / 1000
+share, period = float(sys.argv[2]), float(sys.argv[3]) / 1000
 parent = os.getppid()
 while os.getppid() == parent:  # never outlives the benchmark, even one killed at a session step's limit
     begun = time.monotonic()
@@ -1050,31 +1053,19 @@ while os.getppid() == parent:  # never outlives the benchmark, even one killed a
 
 
 @contextmanager
-def cpu_load(cores: float, processes: int = LOAD_PROCESSES) -> Iterator[dict[str, Any]]:
+def cpu_load(cores: float, processes: int = LOAD_PROCESSES) -> Iterator[None]:
     """About `cores` of the host's cores kept busy for the block by `processes` processes, each busy cores/processes
-    of every LOAD_PERIOD_MS ms, on whichever cores the host gives them. Yields a dict that gets, after the block,
-    the CPU seconds they used (what the load really was: on a host short of cores they get less)."""
-    import psutil
-
+    of every LOAD_PERIOD_MS ms, on whichever cores the host gives them. A phase of TreeMemory inside the block
+    counts their CPU under the group "load" (what the load really was: on a host short of cores they get less)."""
     share = min(1.0, cores / processes)
-    procs = [subprocess.Popen([sys.executable, "-c", _SPIN, str(share), str(LOAD_PERIOD_MS)])
+    procs = [subprocess.Popen([sys.executable, "-c", _SPIN, LOAD_TITLE, str(share), str(LOAD_PERIOD_MS)])
              for _ in range(processes)]
-    load: dict[str, Any] = {"cores": cores, "processes": processes}
-    started = time.perf_counter()
     try:
-        yield load
+        yield
     finally:
-        used = 0.0
         for proc in procs:
-            try:
-                times = psutil.Process(proc.pid).cpu_times()
-                used += times.user + times.system
-            except psutil.Error:
-                pass
             proc.kill()
             proc.wait()
-        seconds = time.perf_counter() - started
-        load.update(cpu_seconds=round(used, 2), busy_cores=round(used / seconds, 2) if seconds else None)
 
 
 # The job's own settings a variant may set (bench_job's top-level settings)
@@ -1709,8 +1700,11 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
                     probe("raw", pair["raw"])
                 elif "load_cores" in settings:
                     log(f"(b') raw vLLM, one call on {n} prompts, max_tokens {max_tokens}{which}{named}")
-                    with cpu_load(float(settings["load_cores"])) as load, profiled:
+                    with cpu_load(float(settings["load_cores"])), profiled:
                         loaded = run_raw(engine, prompt_ids[:n], params, memory)
+                    used = loaded["cpu"]["cpu_seconds"].get("load", 0.0)  # the load's CPU during raw's call
+                    load = {"cores": settings["load_cores"], "processes": LOAD_PROCESSES, "cpu_seconds": used,
+                            "busy_cores": round(used / loaded["wall_seconds"], 2) if loaded["wall_seconds"] else None}
                     loaded["load"] = load
                     pair["runs"][method] = {"flow": loaded, "generation": loaded, "engine_feed": {
                         "steps": loaded.get("engine_steps"), "busy_seconds": loaded.get("engine_step_seconds")}}
