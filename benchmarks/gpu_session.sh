@@ -106,6 +106,10 @@
 #   profile16  the `here`-sized comparison at 16 tokens only, under py-spy (every process of the run, each thread,
 #              100 samples/s, collapsed stacks into $LOGS/profile16.txt: where the flow's and the engine front end's
 #              time goes); py-spy from PATH, else the payload's /tmp/site/bin/py-spy (PYSPY=/path/to/py-spy)
+#   contention benchmarks.host_contention (about 20 s, first when asked): one Python thread's pace alone and beside
+#              a spinning process on each other CPU in turn, then beside 1, 2, 4, ... of them, into $RES/contention
+#              (host-contention.json comes back; the table is in contention.log): whether the host's vCPUs hide
+#              hyperthread siblings, and how much busy cores elsewhere slow a thread like vLLM's engine core
 #   pipeline   benchmarks.pipeline_only 20000: the flow with the engine stood in (the host's cost, not the GPU's;
 #              about 2 minutes more, so not by default)
 #   floor      benchmarks.pipeline_floor on 20,000 items, windows of 2,048 and 8,192: what the tokenizer and
@@ -136,6 +140,9 @@ SUMMARY="$LOGS/session.log"
   echo "batchgen GPU session $(date -u +%FT%TZ)"
   echo "results: $RES   logs: $LOGS   budget: $SESSION_SECONDS s"
   nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv 2>&1
+  # the host's CPUs as the VM shows them (threads per core, clock, caches): what the engine core's pace depends on
+  lscpu 2>&1 | grep -E '^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|CPU (max )?MHz)' || true
+  lscpu 2>&1 | grep -E '^(L3|NUMA node\(s\)|Hypervisor)' || true
   # the JSON-lines mirrors' writer: Polars where the payload brought it (docs/gpu.md), else the slower orjson path
   "$PY" -c "import batchgen.publish as p; print('polars writer', p._polars() is not None)" 2>&1 | tail -1
 } > "$SUMMARY"
@@ -187,6 +194,7 @@ step() {  # step NAME CAP_SECONDS COMMAND...: run COMMAND with its output in $LO
   return 0
 }
 
+step contention 90 "$PY" -m benchmarks.host_contention --timings 5 --out "$RES/contention"
 step run 570 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 16 --hf-items 256 --hf-batch-size 64 \
   --serial-items 32 --retry-items 64 --with-retries ${RUN_EXTRA:-} --out "$RES"
 step paired16 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes ${SIZES:-10000} --max-tokens 16 \
@@ -243,6 +251,8 @@ if [ "$LOGS" != "$RES" ]; then
     fi
     [[ $STEPS == *" floor "* && -f "$RES/pipeline-floor/$name" ]] && cp "$RES/pipeline-floor/$name" "$LOGS/floor-$name"
   done
+  [[ $STEPS == *" contention "* && -f "$RES/contention/host-contention.json" ]] &&
+    cp "$RES/contention/host-contention.json" "$LOGS/"
   [[ $STEPS == *" run_batch "* && -f "$RES/run-batch/run_batch.json" ]] && cp "$RES/run-batch/run_batch.json" "$LOGS/"
   [[ $STEPS == *" run_batch_retries "* && -f "$RES/run-batch/run_batch_retries.json" ]] &&
     cp "$RES/run-batch/run_batch_retries.json" "$LOGS/"

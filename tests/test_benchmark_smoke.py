@@ -822,3 +822,35 @@ def test_gpu_session_packs_the_compile_caches_and_a_later_session_unpacks_them(t
     assert artifact.read_bytes() == b"compiled"
     assert f"compile caches: unpacked {packed}" in (later / "session.log").read_text()
     assert not (later / "compile-caches.tgz").exists()  # WARM_OUT off: nothing packed
+
+
+def test_gpu_session_contention_step_times_a_thread_beside_a_spinner_on_each_other_cpu(tmp_path):
+    """`STEPS=contention`: benchmarks.host_contention times the probe beside a spinner on every other CPU and beside
+    1, 2, ... of them; its JSON comes back with the session's logs, its table in the step's log, and no spinner
+    outlives it."""
+    env = {**os.environ, "STEPS": "contention", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "RESULTS_DIR": str(tmp_path / "res")}
+    done = subprocess.run(["bash", str(ROOT / "benchmarks/gpu_session.sh")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "contention: ok" in (tmp_path / "out/session.log").read_text()
+    result = json.loads((tmp_path / "out/host-contention.json").read_text())
+    cpus = sorted(os.sched_getaffinity(0))
+    others = [cpu for cpu in cpus if cpu != result["probe_cpu"]]
+    assert [row["cpus"] for row in result["per_cpu"]] == [[cpu] for cpu in others]
+    assert [row["spinners"] for row in result["by_count"]][-1:] == ([len(others)] if others else [])
+    assert all(row["alone"] > 0 and row["beside"] > 0 and row["ratio"] > 0
+               for row in result["per_cpu"] + result["by_count"])
+    assert "One thread's pace beside busy cores" in (tmp_path / "out/contention.log").read_text()
+    leftover = subprocess.run(["pgrep", "-f", "batchgen-contention-spinner"], capture_output=True, text=True)
+    assert leftover.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("argv, message", [(["--seconds", "0"], "--seconds must be above 0"),
+                                           (["--probe-cpu", "4096"], "--probe-cpu 4096 is not one of")])
+def test_host_contention_stops_with_exit_2_naming_the_option(argv, message, capsys):
+    from benchmarks import host_contention
+
+    with pytest.raises(SystemExit) as stopped:
+        host_contention.main(argv)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
