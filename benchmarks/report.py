@@ -299,11 +299,17 @@ def variants_lines(variants: dict[str, Any] | None) -> list[str]:
     return lines + ([""] + notes if notes else []) + [""]
 
 
-def profile_lines(profiles: dict[str, Any] | None, top: int = 12) -> list[str]:
-    """--profile-engine-core: vLLM's engine core's seconds active in each method's run, by thread and by the
-    functions that ran themselves, one column per run (the `top` functions of any run)."""
+PROFILED = {"engine_core_profile": ("vLLM's engine core", "--profile-engine-core"),
+            "run_process_profile": ("The run's process", "--profile-run-process")}
+
+
+def profile_lines(profiles: dict[str, Any] | None, top: int = 12, key: str = "engine_core_profile") -> list[str]:
+    """--profile-engine-core (or --profile-run-process, `key` naming which): the process's seconds active in each
+    method's run, by thread and by the functions that ran themselves, one column per run (the `top` functions of any
+    run)."""
     if not profiles:
         return []
+    what, option = PROFILED[key]
     labels = list(profiles)
     names: dict[str, None] = {}
     for p in profiles.values():
@@ -311,7 +317,7 @@ def profile_lines(profiles: dict[str, Any] | None, top: int = 12) -> list[str]:
     threads: dict[str, None] = {}
     for p in profiles.values():
         threads.update(dict.fromkeys(p["threads"]))
-    lines = ["vLLM's engine core under py-spy (`--profile-engine-core`, "
+    lines = [f"{what} under py-spy (`{option}`, "
              f"{profiles[labels[0]]['rate']} samples a second, a thread counted while active, as py-spy tells idle "
              "ones apart): seconds per run, by thread, then by the function running itself.", "",
              "| | " + " | ".join(labels) + " |", "| --- |" + " ---: |" * len(labels),
@@ -393,7 +399,9 @@ def render_case(case: dict[str, Any], config: dict[str, Any], heading: str = "")
             "",
         ]
         lines += (repeats_lines(entry.get("repeats")) + variants_lines(entry.get("flow_variants")) + probe_lines(entry)
-                  + profile_lines(entry.get("engine_core_profile")) + beside_lines(entry.get("raw_beside_pipeline")))
+                  + profile_lines(entry.get("engine_core_profile"))
+                  + profile_lines(entry.get("run_process_profile"), key="run_process_profile")
+                  + beside_lines(entry.get("raw_beside_pipeline")))
     marginal = case.get("pipeline_overhead_marginal")
     if marginal and marginal["per_item_ms"] <= 0:
         small, large = marginal["between_items"]

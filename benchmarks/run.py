@@ -90,6 +90,7 @@ class Config:
     repeats: int = 1
     reversed_first: bool = False  # --reversed-first: the first repeat in the order of the second
     profile_engine_core: bool = False  # --profile-engine-core: py-spy on vLLM's engine core around every method
+    profile_run_process: bool = False  # --profile-run-process: py-spy on this process around every method
     beside_pipeline: int = 0  # items of the stand-in pipeline run beside raw vLLM (0: not measured)
     pace_probe: int = 0  # --pace-probe: prompts of raw's call probing the host's pace around every method (0: none)
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="batchgen-bench-")))
@@ -177,6 +178,10 @@ def parse_args(argv: list[str] | None) -> Config:
                              "function, side by side, in `engine_core_profile` (collapsed stacks in "
                              "OUT/engine-core-profiles/): where its steps spend more time beside the flow than in "
                              "raw's call. Needs an engine core process of its own (GPUs)")
+    parser.add_argument("--profile-run-process", action="store_true",
+                        help="record this process (the run's: the flow's own work, the pipeline's threads, Prefect's "
+                             "client) with py-spy the same way, in `run_process_profile` (collapsed stacks in "
+                             "OUT/run-process-profiles/): where the flow's CPU beside the engine goes")
     parser.add_argument("--pace-probe", type=int, default=0, metavar="PROMPTS",
                         help="in every repeat, raw vLLM on the first PROMPTS prompts of the size before the first "
                              "method and after each one: the host's own pace through the run. Each method's rate "
@@ -230,7 +235,7 @@ def parse_args(argv: list[str] | None) -> Config:
                     memory_max_tokens=base["memory_max_tokens"],
                     pipeline_sizes=_int_list(args.pipeline_sizes) if args.pipeline_sizes else [],
                     with_retries=args.with_retries, repeats=args.repeats, reversed_first=args.reversed_first,
-                    profile_engine_core=args.profile_engine_core,
+                    profile_engine_core=args.profile_engine_core, profile_run_process=args.profile_run_process,
                     beside_pipeline=args.beside_pipeline, pace_probe=args.pace_probe,
                     retry_variants=args.retry_variants if args.retry_variants[:1] == ["in_stream"] else
                     ["in_stream"] + args.retry_variants,
@@ -249,6 +254,8 @@ def parse_args(argv: list[str] | None) -> Config:
         parser.error("--pace-probe must be 0 (no probes) or more prompts")
     if args.profile_engine_core and py_spy() is None:
         parser.error("--profile-engine-core needs py-spy: on the PATH, or PYSPY=/path/to/py-spy")
+    if args.profile_run_process and py_spy() is None:
+        parser.error("--profile-run-process needs py-spy: on the PATH, or PYSPY=/path/to/py-spy")
     if set(config.retry_sizes) - set(config.sizes):
         parser.error(f"--retry-sizes {config.retry_sizes}: each must be one of --sizes {config.sizes}")
     if config.retry_sizes and not config.with_retries:
@@ -728,21 +735,44 @@ def engine_core_pids() -> list[int]:
 
 @contextmanager
 def engine_core_profile(cfg: Config, label: str, into: dict[str, Any]) -> Iterator[None]:
-    """With --profile-engine-core: py-spy records vLLM's engine core for the block (without pausing it, each
-    thread, idle threads left out), the collapsed stacks into
-    OUT/engine-core-profiles/LABEL.txt and their summary (profile_summary) into `into[label]`. Nothing where the
-    engine core runs in this process (CPU builds) or py-spy cannot attach."""
+    """With --profile-engine-core: py-spy records vLLM's engine core for the block (process_profile), into
+    OUT/engine-core-profiles/LABEL.txt and `into[label]`. Nothing where the engine core runs in this process (CPU
+    builds) or py-spy cannot attach."""
     pids = engine_core_pids() if cfg.profile_engine_core else []
     if cfg.profile_engine_core and not pids:
         log("--profile-engine-core: no engine core process of its own to record")
-    if not pids:
+    with process_profile(pids[0] if pids else None, cfg.out / "engine-core-profiles", label, into, "the engine core"):
+        yield
+
+
+@contextmanager
+def run_process_profile(cfg: Config, label: str, into: dict[str, Any]) -> Iterator[None]:
+    """With --profile-run-process: py-spy records this process (the run's) for the block (process_profile), into
+    OUT/run-process-profiles/LABEL.txt and `into[label]`."""
+    pid = os.getpid() if cfg.profile_run_process else None
+    with process_profile(pid, cfg.out / "run-process-profiles", label, into, "the run's process"):
+        yield
+
+
+@contextmanager
+def profiled_block(cfg: Config, label: str, core_into: dict[str, Any], run_into: dict[str, Any]) -> Iterator[None]:
+    """The block under engine_core_profile and run_process_profile (each doing nothing unless asked)."""
+    with engine_core_profile(cfg, label, core_into), run_process_profile(cfg, label, run_into):
+        yield
+
+
+@contextmanager
+def process_profile(pid: int | None, folder: Path, label: str, into: dict[str, Any], what: str) -> Iterator[None]:
+    """py-spy records process `pid` for the block (without pausing it, each thread, idle threads left out), the
+    collapsed stacks into FOLDER/LABEL.txt and their summary (profile_summary) into `into[label]`; nothing when `pid`
+    is None."""
+    if pid is None:
         yield
         return
-    folder = cfg.out / "engine-core-profiles"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{label}.txt"
     errors = tempfile.TemporaryFile(mode="w+")  # not a pipe: nothing reads it until py-spy has ended
-    spy = subprocess.Popen([str(py_spy()), "record", "--pid", str(pids[0]), "--threads", "--nonblocking",
+    spy = subprocess.Popen([str(py_spy()), "record", "--pid", str(pid), "--threads", "--nonblocking",
                             "--rate", str(PROFILE_RATE), "--format", "raw", "--output", str(path)],
                            stdout=subprocess.PIPE, stderr=errors, text=True)
     answered = threading.Event()
@@ -756,7 +786,7 @@ def engine_core_profile(cfg: Config, label: str, into: dict[str, Any]) -> Iterat
 
     threading.Thread(target=read_stdout, name="py-spy-stdout", daemon=True).start()
     if not answered.wait(20):
-        log(f"py-spy did not start sampling the engine core in 20 s: {label} not recorded")
+        log(f"py-spy did not start sampling {what} in 20 s: {label} not recorded")
         spy.kill()
     started = time.perf_counter()
     try:
@@ -776,7 +806,7 @@ def engine_core_profile(cfg: Config, label: str, into: dict[str, Any]) -> Iterat
         if path.exists():
             into[label] = profile_summary(path.read_text(encoding="utf-8"), seconds, PROFILE_RATE)
         else:
-            log(f"py-spy wrote no profile of the engine core for {label}: {err.strip()[-400:]}")
+            log(f"py-spy wrote no profile of {what} for {label}: {err.strip()[-400:]}")
 
 
 def _function(frame: str) -> str:
@@ -1679,6 +1709,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
     for n in cfg.sizes:
         pairs = []
         profiles: dict[str, Any] = {}  # --profile-engine-core: the engine core's profile per method and repeat
+        run_profiles: dict[str, Any] = {}  # --profile-run-process: this process's
         for repeat in range(cfg.repeats):
             # ABBA: raw first in even repeats, the flow first in odd ones (with --flow-variants, the whole order
             # reversed), so that a drift of the host's speed during the run weighs on all alike
@@ -1689,7 +1720,8 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             probe(None)
             for method in (order if (repeat + cfg.reversed_first) % 2 == 0 else order[::-1]):
                 cold_prefix_cache(engine)
-                profiled = engine_core_profile(cfg, f"{n}x{max_tokens}-repeat{repeat + 1}-{method}", profiles)
+                profiled = profiled_block(cfg, f"{n}x{max_tokens}-repeat{repeat + 1}-{method}", profiles,
+                                          run_profiles)
                 settings = FLOW_VARIANTS.get(method, ({}, ""))[0]
                 named = f" ({method}: {FLOW_VARIANTS[method][1]})" if cfg.flow_variants and method != "raw" else ""
                 if method == "raw":
@@ -1786,6 +1818,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
                if cfg.pace_probe else {}),
             **({"flow_variants": variant_ratios(pairs, variants)} if cfg.flow_variants else {}),
             **({"engine_core_profile": profiles} if profiles else {}),
+            **({"run_process_profile": run_profiles} if run_profiles else {}),
         }
         log(f"{n} items, max_tokens {max_tokens}: flow {flow['output_tokens_per_second']} tok/s, raw "
             f"{raw['output_tokens_per_second']} tok/s, ratio {sizes[str(n)]['ratio_flow_vs_raw']}"

@@ -682,6 +682,47 @@ while True:
     assert time.monotonic() - began < 10 and list(profiles) == ["8x16-repeat1-raw"]
 
 
+def test_the_run_process_is_recorded_for_each_block_beside_the_engine_core(tmp_path, monkeypatch):
+    """--profile-run-process: py-spy records this process's pid for the block, under its own folder and key, and
+    the report gives it a table of its own after the engine core's."""
+    import benchmarks.run as run_module
+    from benchmarks.report import profile_lines
+
+    spy = tmp_path / "py-spy"
+    spy.write_text("#!" + sys.executable + "\n" + """
+import signal, sys, time
+args = sys.argv[1:]
+out, pid = args[args.index("--output") + 1], args[args.index("--pid") + 1]
+def stop(*_):
+    open(out, "w").write(f"thread (1): MainThread;busy_for_{pid} (x.py:1) 200\\n")
+    sys.exit(0)
+signal.signal(signal.SIGINT, stop)
+print("py-spy> Sampling process 200 times a second. Press Control-C to exit.", flush=True)
+while True:
+    time.sleep(0.01)
+""")
+    spy.chmod(0o755)
+    monkeypatch.setenv("PYSPY", str(spy))
+    monkeypatch.setattr(run_module, "engine_core_pids", lambda: [4242])
+    cfg = run_module.parse_args(["--profile-engine-core", "--profile-run-process", "--out", str(tmp_path / "out")])
+    cfg.out = tmp_path / "out"
+    core: dict = {}
+    mine: dict = {}
+    with run_module.profiled_block(cfg, "8x16-repeat1-default", core, mine):
+        time.sleep(0.2)
+    assert list(core["8x16-repeat1-default"]["self"]) == ["busy_for_4242 (x.py)"]
+    assert list(mine["8x16-repeat1-default"]["self"]) == [f"busy_for_{os.getpid()} (x.py)"]
+    assert (tmp_path / "out/run-process-profiles/8x16-repeat1-default.txt").exists()
+    table = "\n".join(profile_lines(mine, key="run_process_profile"))
+    assert table.startswith("The run's process under py-spy (`--profile-run-process`")
+    only_core = run_module.parse_args(["--profile-engine-core", "--out", str(tmp_path / "out")])
+    only_core.out = tmp_path / "out"
+    mine.clear()
+    with run_module.profiled_block(only_core, "8x16-repeat1-raw", core, mine):
+        pass
+    assert "8x16-repeat1-raw" in core and mine == {}
+
+
 def test_profiling_the_engine_core_without_py_spy_stops_with_exit_2(monkeypatch, tmp_path, capsys):
     from benchmarks.run import parse_args
 
