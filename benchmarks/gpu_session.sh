@@ -93,6 +93,8 @@
 #              it (4 processes partly busy), against raw alone, paced: whether CPU work like the flow's own slows
 #              the engine of a fast host through the host alone (lease-2026-12-07c: the flow's steps 11% slower
 #              there while it kept 0.5-0.7 more cores busy; 4 cores of load took raw's from 29 to 37 ms)
+#              RUN_EXTRA=--profile-run-process: py-spy on the run's own process the same way (the flow's CPU beside
+#              the engine by thread and function, in the .md; the stacks in variants16-run-process-profiles.tgz)
 #              variants80 and variants16 run no HF transformers (--hf-items 0: ~25 s a call that no figure of
 #              theirs needs); each run's figures are in the step's log as it ends, so a step cut short keeps them
 #   here       the same comparison at 80 and 16 tokens (HF, the loop and the retry runs on a few items only) with
@@ -248,6 +250,9 @@ if [ "$LOGS" != "$RES" ]; then
       # the profiles side by side by function, readable as they come back
       "$PY" -m benchmarks.profile_compare "$RES/variants16/engine-core-profiles" --top 15 \
         > "$LOGS/variants16-profile-compare.md" 2>&1 || true
+    fi
+    if [[ $name == latest.json && $STEPS == *" variants16 "* && -d "$RES/variants16/run-process-profiles" ]]; then
+      tar -C "$RES/variants16" -czf "$LOGS/variants16-run-process-profiles.tgz" run-process-profiles
     fi
     [[ $STEPS == *" floor "* && -f "$RES/pipeline-floor/$name" ]] && cp "$RES/pipeline-floor/$name" "$LOGS/floor-$name"
   done
