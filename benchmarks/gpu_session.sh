@@ -108,8 +108,9 @@
 #   profile16  the `here`-sized comparison at 16 tokens only, under py-spy (every process of the run, each thread,
 #              100 samples/s, collapsed stacks into $LOGS/profile16.txt: where the flow's and the engine front end's
 #              time goes); py-spy from PATH, else the payload's /tmp/site/bin/py-spy (PYSPY=/path/to/py-spy)
-#   contention benchmarks.host_contention (about 20 s, first when asked): one Python thread's pace alone and beside
-#              a spinning process on each other CPU in turn, then beside 1, 2, 4, ... of them, into $RES/contention
+#   contention benchmarks.host_contention (about 40 s, first when asked): one Python thread's pace on CPU 0, then
+#              on CPU 1, alone and beside a spinning process on each other CPU in turn, then (on CPU 0) beside 1, 2,
+#              4, ... of them, into $RES/contention
 #              (host-contention.json comes back; the table is in contention.log): whether the host's vCPUs hide
 #              hyperthread siblings, and how much busy cores elsewhere slow a thread like vLLM's engine core
 #   pipeline   benchmarks.pipeline_only 20000: the flow with the engine stood in (the host's cost, not the GPU's;
@@ -196,7 +197,7 @@ step() {  # step NAME CAP_SECONDS COMMAND...: run COMMAND with its output in $LO
   return 0
 }
 
-step contention 90 "$PY" -m benchmarks.host_contention --timings 5 --out "$RES/contention"
+step contention 120 "$PY" -m benchmarks.host_contention --timings 5 --probe-cpu 0 1 --out "$RES/contention"
 step run 570 "$PY" -m benchmarks.run --sizes 10000 --max-tokens 80 16 --hf-items 256 --hf-batch-size 64 \
   --serial-items 32 --retry-items 64 --with-retries ${RUN_EXTRA:-} --out "$RES"
 step paired16 "${STEP_CAP:-540}" "$PY" -m benchmarks.run --sizes ${SIZES:-10000} --max-tokens 16 \

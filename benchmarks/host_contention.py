@@ -123,21 +123,39 @@ def lscpu() -> dict[str, str]:
     return {key: facts[key].strip() for key in keep if key in facts}
 
 
-def measure(seconds: float = 0.1, timings: int = 3, probe_cpu: int | None = None) -> dict[str, Any]:
-    cpus = sorted(os.sched_getaffinity(0))
-    probe = cpus[0] if probe_cpu is None else probe_cpu
+def scan(probe: int, cpus: list[int], seconds: float, timings: int) -> list[dict[str, Any]]:
+    """The probe pinned on `probe`, beside one spinner on each other CPU in turn."""
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {probe})
     try:
         rounds = calibrate(seconds)
-        others = [cpu for cpu in cpus if cpu != probe]
-        per_cpu = [beside([cpu], rounds, timings) for cpu in others]
-        # the spinners' CPUs for the counts: those that slowed the probe least first, its suspected sibling last
-        quiet = [row["cpus"][0] for row in sorted(per_cpu, key=lambda row: -row["ratio"])]
+        return [beside([cpu], rounds, timings) for cpu in cpus if cpu != probe]
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def measure(seconds: float = 0.1, timings: int = 3, probe_cpus: list[int] | None = None) -> dict[str, Any]:
+    """Each probe CPU's scan (the first's figures at the top level), then the first probe beside 1, 2, 4, ...
+    spinners on the CPUs that slowed it least."""
+    cpus = sorted(os.sched_getaffinity(0))
+    probes = probe_cpus or cpus[:1]
+    scans = {probe: scan(probe, cpus, seconds, timings) for probe in probes}
+    probe, per_cpu = probes[0], scans[probes[0]]
+    # the spinners' CPUs for the counts: those that slowed the probe least first, its suspected sibling last
+    quiet = [row["cpus"][0] for row in sorted(per_cpu, key=lambda row: -row["ratio"])]
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {probe})
+    try:
+        rounds = calibrate(seconds)
         by_count = [beside(quiet[:k], rounds, timings) | {"spinners": k} for k in counts(len(quiet))]
     finally:
         os.sched_setaffinity(0, before)
-    ratios = [row["ratio"] for row in per_cpu]
+
+    def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        ratios = [row["ratio"] for row in rows]
+        return {"per_cpu_median": round(statistics.median(ratios), 3) if ratios else None,
+                "slowest_cpu": min(rows, key=lambda row: row["ratio"]) if rows else None}
+
     return {
         "when": datetime.now(timezone.utc).isoformat(),
         "lscpu": lscpu(),
@@ -147,8 +165,9 @@ def measure(seconds: float = 0.1, timings: int = 3, probe_cpu: int | None = None
         "timings": timings,
         "per_cpu": per_cpu,
         "by_count": by_count,
-        "per_cpu_median": round(statistics.median(ratios), 3) if ratios else None,
-        "slowest_cpu": min(per_cpu, key=lambda row: row["ratio"]) if per_cpu else None,
+        **summary(per_cpu),
+        "other_probes": [{"probe_cpu": other, "per_cpu": scans[other], **summary(scans[other])}
+                         for other in probes[1:]],
     }
 
 
@@ -173,6 +192,12 @@ def report(result: dict[str, Any]) -> str:
                   "| spinners | their CPUs | ratio |", "| ---: | --- | ---: |"]
         lines += [f"| {row['spinners']} | {', '.join(map(str, row['cpus']))} | {row['ratio']} |"
                   for row in result["by_count"]]
+        for other in result["other_probes"]:
+            slowest = other["slowest_cpu"]
+            lines += ["", f"The probe on CPU {other['probe_cpu']} beside one spinner: median ratio "
+                      f"**{other['per_cpu_median']}**; the lowest **{slowest['ratio']}** with it on CPU "
+                      f"{slowest['cpus'][0]}.", "", "| spinner's CPU | ratio |", "| ---: | ---: |"]
+            lines += [f"| {row['cpus'][0]} | {row['ratio']} |" for row in other["per_cpu"]]
     else:
         lines.append("Only one CPU here: nothing to spin beside the probe.")
     return "\n".join(lines) + "\n"
@@ -183,14 +208,16 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=0.1, help="the probe's length alone (default 0.1 s)")
     parser.add_argument("--timings", type=int, default=3, help="timings per figure, their median kept (default 3)")
-    parser.add_argument("--probe-cpu", type=int, default=None, help="the probe's CPU (default: the first allowed)")
+    parser.add_argument("--probe-cpu", type=int, nargs="+", default=None,
+                        help="the probe's CPU (default: the first allowed); more than one: each is scanned beside a "
+                             "spinner on every other CPU (which pairs are siblings), the first also beside several")
     parser.add_argument("--out", type=Path, default=None, help="write host-contention.json and .md into this folder")
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.timings < 1:
         parser.error("--seconds must be above 0 and --timings at least 1")
-    if args.probe_cpu is not None and args.probe_cpu not in os.sched_getaffinity(0):
-        parser.error(f"--probe-cpu {args.probe_cpu} is not one of this process's CPUs "
-                     f"{sorted(os.sched_getaffinity(0))}")
+    for cpu in args.probe_cpu or []:
+        if cpu not in os.sched_getaffinity(0):
+            parser.error(f"--probe-cpu {cpu} is not one of this process's CPUs {sorted(os.sched_getaffinity(0))}")
     result = measure(args.seconds, args.timings, args.probe_cpu)
     text = report(result)
     print(text, end="")
