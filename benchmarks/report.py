@@ -258,6 +258,27 @@ def probe_lines(entry: dict[str, Any]) -> list[str]:
               f"against raw's likewise: flow / raw **{_num(entry.get('ratio_flow_vs_raw_paced'), 3)}**, generation "
               f"/ raw **{_num(entry.get('ratio_generation_vs_raw_paced'), 3)}** (unpaced "
               f"{_num(entry.get('ratio_flow_vs_raw'), 3)} and {_num(entry.get('ratio_generation_vs_raw'), 3)}).", ""]
+    return lines + cpu_pace_lines(entry)
+
+
+def cpu_pace_lines(entry: dict[str, Any]) -> list[str]:
+    """With --pace-probe: the host's CPU pace sampled during each probe, how well it follows the probes' rates, and
+    the ratios paced by it."""
+    fit, probes = entry.get("cpu_pace_fit"), entry.get("pace_probes") or []
+    paces = [[p.get("host_cpu_pace") for p in repeat] for repeat in probes]
+    if not any(v for repeat in paces for v in repeat):
+        return []
+    lines = ["The host's CPU pace: a process of its own times about 2 ms of a pure-Python loop every 50 ms (4% of "
+             "one core) all through the run; its mean rate (loop rounds a second) during each probe, in the same "
+             "order:", ""]
+    lines += [f"- repeat {number}: " + ", ".join(_num(v) for v in repeat) for number, repeat in enumerate(paces, 1)]
+    fitted = (f"Over the {fit['probes']} probes it moved {fit['cpu_pace_moved']:.1%}, and the probes' rates "
+              f"followed it with r = **{_num(fit['r'], 2)}** (Pearson's; near 1: the engine's pace is the host's "
+              "single-thread pace, and ratios paced by it take the host out") if fit else \
+        "Too few probes, or a pace that did not move, to tell how well the probes' rates follow it"
+    lines += ["", f"{fitted}. Each method's rate over the CPU pace during its own run, against raw's likewise: flow / "
+              f"raw **{_num(entry.get('ratio_flow_vs_raw_cpu_paced'), 3)}**, generation / raw "
+              f"**{_num(entry.get('ratio_generation_vs_raw_cpu_paced'), 3)}**.", ""]
     return lines
 
 
@@ -275,10 +296,13 @@ def variants_lines(variants: dict[str, Any] | None) -> list[str]:
              "figure in the order they ran. Against the default flow: the default flow's wall time over the "
              "variant's in the same repeat (above 1: the variant was faster).", ""]
     paced = any(v.get("ratio_flow_vs_raw_paced") for v in variants.values())
+    cpu_paced = any(v.get("ratio_flow_vs_raw_cpu_paced") for v in variants.values())
     lines += ["| variant | settings | flow / raw | generation / raw | against the default flow "
               "| each repeat's flow / raw | engine steps | ms a step (flow) | ms a step (raw) |"
-              + (" flow / raw, paced | each repeat's, paced |" if paced else ""),
-              "| --- | --- | ---: | ---: | ---: | --- | --- | --- | --- |" + (" ---: | --- |" if paced else "")]
+              + (" flow / raw, paced | each repeat's, paced |" if paced else "")
+              + (" flow / raw, by the CPU pace | each repeat's |" if cpu_paced else ""),
+              "| --- | --- | ---: | ---: | ---: | --- | --- | --- | --- |" + (" ---: | --- |" if paced else "")
+              + (" ---: | --- |" if cpu_paced else "")]
     for name, v in variants.items():
         rows = v["pairs"]
         settings = ", ".join(f"{k} {val:,}" for k, val in v["settings"].items()) or "as is"
@@ -289,7 +313,10 @@ def variants_lines(variants: dict[str, Any] | None) -> list[str]:
                      f"| {step_ms(rows, 'engine_steps', 'engine_busy_seconds')} "
                      f"| {step_ms(rows, 'raw_engine_steps', 'raw_engine_step_seconds')} |"
                      + (f" {_num(v.get('ratio_flow_vs_raw_paced'), 3)} "
-                        f"| {', '.join(_num(r.get('ratio_flow_vs_raw_paced'), 3) for r in rows)} |" if paced else ""))
+                        f"| {', '.join(_num(r.get('ratio_flow_vs_raw_paced'), 3) for r in rows)} |" if paced else "")
+                     + (f" {_num(v.get('ratio_flow_vs_raw_cpu_paced'), 3)} "
+                        f"| {', '.join(_num(r.get('ratio_flow_vs_raw_cpu_paced'), 3) for r in rows)} |"
+                        if cpu_paced else ""))
     loaded = {name: [r["load"] for r in v["pairs"] if r.get("load")] for name, v in variants.items()}
     notes = [f"- {name}: raw's call with CPU load beside it, which kept "
              + ", ".join(f"{_num(load['busy_cores'], 2)}" for load in loads)

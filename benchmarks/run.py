@@ -188,7 +188,10 @@ def parse_args(argv: list[str] | None) -> Config:
                              "over the mean of the two probes around it, against raw's likewise, gives the paced "
                              "ratios (ratio_flow_vs_raw_paced): the comparison with the host's drift taken out "
                              "(an H100 host's pace moved 1.8x within 11 minutes, benchmarks/results/gpu-h100/"
-                             "lease-2026-12-07/). Default 0: no probes")
+                             "lease-2026-12-07/). With probes, a process of its own also samples the host's CPU "
+                             "pace all through the run (2 ms of a Python loop every 50 ms): each method's rate over "
+                             "that pace during its own run gives ratio_flow_vs_raw_cpu_paced, and cpu_pace_fit says "
+                             "how closely the probes' rates followed it. Default 0: no probes")
     parser.add_argument("--beside-pipeline", type=int, default=0, metavar="ITEMS",
                         help="at the largest size, also run raw vLLM once more while benchmarks.pipeline_only runs "
                              "the flow on ITEMS items with its engine stood in, in a process of its own: how much "
@@ -1601,8 +1604,84 @@ def check_engine_spec(job: Any) -> None:
 
 
 PACE_KEY = "host_pace_tokens_per_second"  # a method's figures: the mean rate of the pace probes around it
+CPU_PACE_KEY = "host_cpu_pace"  # a method's (and a probe's) figures: the CPU pace sampler's mean during it
 PACED_KEYS = ("ratio_flow_vs_raw_paced", "ratio_generation_vs_raw_paced")  # with --pace-probe
-PAIR_RATIOS = ("ratio_flow_vs_raw", "ratio_generation_vs_raw", *PACED_KEYS)
+CPU_PACED_KEYS = ("ratio_flow_vs_raw_cpu_paced", "ratio_generation_vs_raw_cpu_paced")  # with --pace-probe
+PAIR_RATIOS = ("ratio_flow_vs_raw", "ratio_generation_vs_raw", *PACED_KEYS, *CPU_PACED_KEYS)
+# The host's CPU pace through the run (with --pace-probe): a process of its own times about 2 ms of a pure-Python
+# loop every 50 ms (4% of one core), on whichever core the host gives it.
+SAMPLER_PERIOD_S, SAMPLER_WORK_S = 0.05, 0.002
+SAMPLER_TITLE = "batchgen-pace-sampler"  # in the sampler's command line
+_SAMPLER = """
+import os, sys, time
+from benchmarks.host_contention import calibrate, work
+path, period, seconds = sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+rounds, parent = calibrate(seconds), os.getppid()
+with open(path, "a", buffering=1) as out:
+    while os.getppid() == parent:
+        began = time.monotonic()
+        work(rounds)
+        took = time.monotonic() - began
+        out.write(f"{began + took / 2:.4f} {rounds / took:.1f}\\n")
+        time.sleep(max(0.0, period - took))
+"""
+
+
+class CpuPace:
+    """The host's single-thread pace sampled all through the run by a process of its own (_SAMPLER: about 2 ms of a
+    pure-Python loop every 50 ms, its rate and when), so that a method's rate can be set against the host's pace
+    while that method ran, not only before and after it (the pace probes). On a small model the engine core's steps
+    are a Python thread's work: they follow the host's single-thread pace where nothing else differs."""
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.mkstemp(prefix="batchgen-pace-", suffix=".txt")[1])
+        self.proc = subprocess.Popen([sys.executable, "-c", _SAMPLER, SAMPLER_TITLE, str(self.path),
+                                      str(SAMPLER_PERIOD_S), str(SAMPLER_WORK_S)], cwd=ROOT)
+
+    def during(self, start: float, end: float) -> float | None:
+        """The mean of the samples taken between two time.monotonic() readings (None with fewer than 3)."""
+        rates = []
+        for line in self.path.read_text().splitlines():
+            when, _, rate = line.partition(" ")
+            try:
+                if start <= float(when) <= end:
+                    rates.append(float(rate))
+            except ValueError:  # a line being written
+                continue
+        return round(statistics.fmean(rates), 1) if len(rates) >= 3 else None
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.path.unlink(missing_ok=True)
+
+
+@contextmanager
+def cpu_pace(on: bool) -> Iterator[CpuPace | None]:
+    """A CpuPace for the block when `on` (--pace-probe), else None."""
+    sampler = CpuPace() if on else None
+    try:
+        yield sampler
+    finally:
+        if sampler is not None:
+            sampler.close()
+
+
+def pace_fit(pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How well the CPU pace sampler follows the engine's own pace: the correlation (Pearson's r) of the pace
+    probes' rates with the CPU pace during each probe, over a size's probes (None with fewer than 3, or where
+    either does not vary)."""
+    both = [(p["output_tokens_per_second"], p[CPU_PACE_KEY]) for pair in pairs for p in pair.get("probes", [])
+            if p.get("output_tokens_per_second") and p.get(CPU_PACE_KEY)]
+    if len(both) < 3:
+        return None
+    rates, paces = zip(*both)
+    try:
+        r = statistics.correlation(rates, paces)
+    except statistics.StatisticsError:  # constant input
+        return None
+    return {"probes": len(both), "r": round(r, 3), "cpu_pace_min": min(paces), "cpu_pace_max": max(paces),
+            "cpu_pace_moved": round(max(paces) / min(paces) - 1, 4)}
 
 
 def paired_ratios(pairs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -1626,14 +1705,16 @@ def pair_row(raw: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
             "ratio_generation_vs_raw": ratio(run["generation"]["output_tokens_per_second"],
                                              raw["output_tokens_per_second"]),
             "ratio_flow_vs_raw_paced": paced_ratio(run["flow"], raw),
-            "ratio_generation_vs_raw_paced": paced_ratio(run["generation"], raw)}
+            "ratio_generation_vs_raw_paced": paced_ratio(run["generation"], raw),
+            "ratio_flow_vs_raw_cpu_paced": paced_ratio(run["flow"], raw, CPU_PACE_KEY),
+            "ratio_generation_vs_raw_cpu_paced": paced_ratio(run["generation"], raw, CPU_PACE_KEY)}
 
 
-def paced_ratio(method: dict[str, Any], raw: dict[str, Any]) -> float | None:
-    """A method's output tokens/s against raw's, each over the host's pace around it (the mean of the pace probes
-    before and after it): what is left of the ratio once the host's drift between the two runs is taken out.
-    None without probes."""
-    rates = [f.get(key) for f in (method, raw) for key in ("output_tokens_per_second", PACE_KEY)]
+def paced_ratio(method: dict[str, Any], raw: dict[str, Any], pace: str = PACE_KEY) -> float | None:
+    """A method's output tokens/s against raw's, each over the host's pace around it (PACE_KEY: the mean of the pace
+    probes before and after it; CPU_PACE_KEY: the CPU pace sampler's during it): what is left of the ratio once the
+    host's drift between the two runs is taken out. None without that pace."""
+    rates = [f.get(key) for f in (method, raw) for key in ("output_tokens_per_second", pace)]
     if not all(rates):
         return None
     return ratio(rates[0] / rates[1], rates[2] / rates[3])
@@ -1650,23 +1731,32 @@ def pace_spread(pairs: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def pace_probe(cfg: Config, engine: Any, prompts: list[list[int]], params: Any,
-               pair: dict[str, Any]) -> Callable[..., None]:
+               pair: dict[str, Any], sampler: CpuPace | None = None) -> Callable[..., None]:
     """--pace-probe: a function that, called before the first method of a repeat (after=None) and after each method
     with that method's figures, runs raw vLLM's one call on `prompts` (the prefix cache emptied first) and keeps its
     rate in pair["probes"], in the order they ran; each method's figures get the mean of the probes before and
-    after it as PACE_KEY. The same call on the same prompts each time: its rate moves with the host alone. Without
-    --pace-probe the function does nothing."""
+    after it as PACE_KEY. The same call on the same prompts each time: its rate moves with the host alone. With a
+    CPU pace `sampler`, each probe and each method (the time since the probe before) also get the sampler's mean
+    pace during them as CPU_PACE_KEY. Without --pace-probe the function does nothing."""
     if not cfg.pace_probe:
         return lambda *_: None
     probes: list[dict[str, Any]] = pair.setdefault("probes", [])
+    since = [time.monotonic()]  # when the last probe ended: the method after it runs from then
 
     def probe(after: str | None, *figures: dict[str, Any]) -> None:
+        began = time.monotonic()
+        if sampler is not None and after is not None:
+            during = sampler.during(since[0], began)
+            for f in figures:
+                f[CPU_PACE_KEY] = during
         cold_prefix_cache(engine)
         got = engine.run(timed_generate, prompts, params)
+        since[0] = time.monotonic()
         one = {"after": after, "prompts": len(prompts), "wall_seconds": round(got["wall"], 3),
                "output_tokens": got["tokens"],
                "output_tokens_per_second": round(got["tokens"] / got["wall"], 2) if got["wall"] > 0 else None,
-               "engine_steps": got["steps"], "engine_step_seconds": got["step_seconds"]}
+               "engine_steps": got["steps"], "engine_step_seconds": got["step_seconds"],
+               **({CPU_PACE_KEY: sampler.during(began, since[0])} if sampler is not None else {})}
         log_run(f"pace probe after {after}" if after else "pace probe", one)
         if probes and probes[-1]["output_tokens_per_second"] and one["output_tokens_per_second"]:
             pace = round((probes[-1]["output_tokens_per_second"] + one["output_tokens_per_second"]) / 2, 2)
@@ -1696,9 +1786,9 @@ def medians(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, floa
 
 def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: dict[int, Path],
                  prompt_ids: list[list[int]], by_item: dict[str, list[int]], hf: dict[str, Any] | None,
-                 memory: TreeMemory) -> tuple[dict[str, Any], bool]:
+                 memory: TreeMemory, sampler: CpuPace | None = None) -> tuple[dict[str, Any], bool]:
     """(a), (b) and (c) at every size for one max_tokens, with (d) measured before; and whether the flow's
-    prompt token ids were the ones the other methods got."""
+    prompt token ids were the ones the other methods got. `sampler`: the host's CPU pace (with --pace-probe)."""
     log(f"(c) one prompt per call on {cfg.serial_items} items, max_tokens {max_tokens}")
     cold_prefix_cache(engine)
     serial = run_serial(engine, prompt_ids[:cfg.serial_items], params, memory)
@@ -1716,7 +1806,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             pair: dict[str, Any] = {"runs": {}}
             which = f" (repeat {repeat + 1} of {cfg.repeats})" if cfg.repeats > 1 else ""
             order = ["raw"] + variants
-            probe = pace_probe(cfg, engine, prompt_ids[:min(n, cfg.pace_probe)], params, pair)
+            probe = pace_probe(cfg, engine, prompt_ids[:min(n, cfg.pace_probe)], params, pair, sampler)
             probe(None)
             for method in (order if (repeat + cfg.reversed_first) % 2 == 0 else order[::-1]):
                 cold_prefix_cache(engine)
@@ -1814,7 +1904,10 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             **({"repeats": spread["pairs"]} if cfg.repeats > 1 else {}),
             **({"ratio_flow_vs_raw_paced": spread["ratio_flow_vs_raw_paced"],
                 "ratio_generation_vs_raw_paced": spread["ratio_generation_vs_raw_paced"],
-                "pace_probes": [pair["probes"] for pair in pairs], "pace_spread": pace_spread(pairs)}
+                "ratio_flow_vs_raw_cpu_paced": spread["ratio_flow_vs_raw_cpu_paced"],
+                "ratio_generation_vs_raw_cpu_paced": spread["ratio_generation_vs_raw_cpu_paced"],
+                "pace_probes": [pair["probes"] for pair in pairs], "pace_spread": pace_spread(pairs),
+                "cpu_pace_fit": pace_fit(pairs)}
                if cfg.pace_probe else {}),
             **({"flow_variants": variant_ratios(pairs, variants)} if cfg.flow_variants else {}),
             **({"engine_core_profile": profiles} if profiles else {}),
@@ -1834,7 +1927,10 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             spread_of = sizes[str(n)]["pace_spread"]
             log(f"  pace probes: {spread_of['min']}-{spread_of['max']} output tok/s (the host's pace moved "
                 f"{spread_of['moved']:.1%}); paced flow / raw {sizes[str(n)]['ratio_flow_vs_raw_paced']}, "
-                f"generation / raw {sizes[str(n)]['ratio_generation_vs_raw_paced']}")
+                f"generation / raw {sizes[str(n)]['ratio_generation_vs_raw_paced']}; by the CPU pace during each "
+                f"run {sizes[str(n)]['ratio_flow_vs_raw_cpu_paced']} and "
+                f"{sizes[str(n)]['ratio_generation_vs_raw_cpu_paced']} (its fit to the probes: "
+                f"{sizes[str(n)]['cpu_pace_fit']})")
         if cfg.beside_pipeline and n == max(cfg.sizes):
             log(f"(b) raw vLLM on {n} prompts, max_tokens {max_tokens}, beside the pipeline on "
                 f"{cfg.beside_pipeline} items (engine stood in)")
@@ -1978,11 +2074,12 @@ def benchmark(cfg: Config, command: str) -> dict[str, Any]:
         warm = warm_up(cfg, engine, base_job, prompt_ids, memory)
         cases: dict[int, dict[str, Any]] = {}
         identical = True
-        for max_tokens in cfg.max_tokens_list:
-            params = SamplingParams(**{**sampling_kwargs(base_job.sampling), "max_tokens": max_tokens})
-            cases[max_tokens], same = measure_case(cfg, engine, max_tokens, params, csvs, prompt_ids, by_item,
-                                                   hf_runs[max_tokens], memory)
-            identical = identical and same
+        with cpu_pace(cfg.pace_probe > 0) as sampler:
+            for max_tokens in cfg.max_tokens_list:
+                params = SamplingParams(**{**sampling_kwargs(base_job.sampling), "max_tokens": max_tokens})
+                cases[max_tokens], same = measure_case(cfg, engine, max_tokens, params, csvs, prompt_ids, by_item,
+                                                       hf_runs[max_tokens], memory, sampler)
+                identical = identical and same
         retry = run_retry_strategies(cfg, memory)
         engine_loads = batchgen.engine.LOADS
         batchgen.engine.shutdown_all()

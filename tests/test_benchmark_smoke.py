@@ -42,6 +42,10 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     # --pace-probe: raw's call on 4 prompts before each repeat's first method and after every method
     probed = re.findall(r"\] +pace probe(?: after (\w+))?: [\d.]+ s, [\d.]+ output tok/s", proc.stderr)
     assert len(probed) == 2 * 2 * 8 and Counter(probed)[""] == 4, probed
+    # and the host's CPU pace sampled through the run: during each probe, and each run's ratio paced by it
+    with_pace = [p for repeat in json.loads((out / "latest.json").read_text())["sizes"]["8"]["pace_probes"]
+                 for p in repeat if p.get("host_cpu_pace")]
+    assert len(with_pace) >= 8, with_pace  # probes of a fraction of a second may catch too few samples
 
     result = json.loads((out / "latest.json").read_text(encoding="utf-8"))
     for key in RATIOS:
@@ -326,6 +330,50 @@ def test_paced_ratios_take_the_hosts_drift_between_the_two_runs_out():
     probes = [{"probes": [{"output_tokens_per_second": r} for r in rates]} for rates in ([1000.0, 1200.0], [1500.0])]
     assert pace_spread(probes) == {"min": 1000.0, "max": 1500.0, "moved": 0.5}
     assert pace_spread([{}]) is None
+
+
+def test_ratios_paced_by_the_cpu_pace_during_each_run_and_its_fit_to_the_probes():
+    from benchmarks.report import cpu_pace_lines
+    from benchmarks.run import CPU_PACE_KEY, pace_fit, pair_row
+
+    # the host's CPU ran a third slower during the flow than during raw: unpaced the flow is 0.8 of raw, by the CPU
+    # pace during each run 1.2
+    raw = {"output_tokens_per_second": 100.0, "wall_seconds": 1.0, CPU_PACE_KEY: 3000.0}
+    flow = {"output_tokens_per_second": 80.0, "wall_seconds": 1.0, CPU_PACE_KEY: 2000.0}
+    row = pair_row(raw, {"flow": flow, "generation": flow})
+    assert (row["ratio_flow_vs_raw"], row["ratio_flow_vs_raw_cpu_paced"]) == (0.8, 1.2)
+    assert row["ratio_flow_vs_raw_paced"] is None  # no probes around them: that pacing says nothing
+    # probes whose rates follow the CPU pace exactly (r = 1), and a sampler that missed one probe (left out)
+    probes = [{"output_tokens_per_second": rate, CPU_PACE_KEY: rate * 2} for rate in (100.0, 150.0, 120.0)]
+    fit = pace_fit([{"probes": probes + [{"output_tokens_per_second": 90.0, CPU_PACE_KEY: None}]}])
+    assert fit == {"probes": 3, "r": 1.0, "cpu_pace_min": 200.0, "cpu_pace_max": 300.0, "cpu_pace_moved": 0.5}
+    assert pace_fit([{"probes": probes[:2]}]) is None  # too few to tell
+    entry = {"pace_probes": [probes], "cpu_pace_fit": fit, "ratio_flow_vs_raw_cpu_paced": 1.2,
+             "ratio_generation_vs_raw_cpu_paced": 1.2}
+    text = "\n".join(cpu_pace_lines(entry))
+    assert "- repeat 1: 200.0, 300.0, 240.0" in text and "r = **1.00**" in text and "flow / raw **1.200**" in text
+    assert cpu_pace_lines({"pace_probes": [[{"output_tokens_per_second": 1.0}]]}) == []
+
+
+def test_the_cpu_pace_sampler_records_the_hosts_pace_and_ends_with_its_block():
+    """A real sampler process: samples every 50 ms, the mean over a stretch of time; a stretch without samples is
+    None, not 0; after the block the process is gone and its file removed."""
+    import psutil
+
+    from benchmarks.run import SAMPLER_TITLE, cpu_pace
+
+    with cpu_pace(True) as sampler:
+        began = time.monotonic()
+        time.sleep(1.0)
+        ended = time.monotonic()
+        pace = sampler.during(began, ended)
+        assert pace is not None and pace > 0
+        assert sampler.during(ended + 60, ended + 61) is None
+        proc, path = sampler.proc, sampler.path
+    assert proc.poll() is not None and not path.exists()
+    assert not [p for p in psutil.process_iter(["cmdline"]) if SAMPLER_TITLE in " ".join(p.info["cmdline"] or [])]
+    with cpu_pace(False) as none:
+        assert none is None
 
 
 def test_steal_is_the_share_of_the_hosts_cpu_time_its_hypervisor_gave_others():
@@ -631,14 +679,10 @@ def test_a_beside_run_too_short_to_cover_raws_call_is_flagged_not_reported_as_th
     assert "Not worth reading" not in text and "asking more of the host than the flow does" in text
 
 
-def test_the_engine_core_is_recorded_for_the_block_alone(tmp_path, monkeypatch):
-    """--profile-engine-core: py-spy starts on the engine core's pid, the block runs once it samples, it is
-    stopped with SIGINT after the block and its stacks are summed under the block's label. py-spy stood in by a
-    script that behaves as `py-spy record` does (its line on stdout once sampling, its file written at SIGINT)."""
-    import benchmarks.run as run_module
-    from benchmarks.report import profile_lines
-
-    spy = tmp_path / "py-spy"
+def fake_py_spy(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A script that behaves as `py-spy record` does (its line on stdout once sampling, its file written at SIGINT:
+    one stack, busy_for_PID, sampled for as long as it ran), as $PYSPY."""
+    spy = folder / "py-spy"
     spy.write_text("#!" + sys.executable + "\n" + """
 import signal, sys, time
 args = sys.argv[1:]
@@ -657,6 +701,17 @@ while True:
 """)
     spy.chmod(0o755)
     monkeypatch.setenv("PYSPY", str(spy))
+    return spy
+
+
+def test_the_engine_core_is_recorded_for_the_block_alone(tmp_path, monkeypatch):
+    """--profile-engine-core: py-spy starts on the engine core's pid, the block runs once it samples, it is
+    stopped with SIGINT after the block and its stacks are summed under the block's label. py-spy stood in by a
+    script that behaves as `py-spy record` does (its line on stdout once sampling, its file written at SIGINT)."""
+    import benchmarks.run as run_module
+    from benchmarks.report import profile_lines
+
+    spy = fake_py_spy(tmp_path, monkeypatch)
     monkeypatch.setattr(run_module, "engine_core_pids", lambda: [4242])
     cfg = run_module.parse_args(["--profile-engine-core", "--out", str(tmp_path / "out")])
     cfg.out = tmp_path / "out"
@@ -688,21 +743,7 @@ def test_the_run_process_is_recorded_for_each_block_beside_the_engine_core(tmp_p
     import benchmarks.run as run_module
     from benchmarks.report import profile_lines
 
-    spy = tmp_path / "py-spy"
-    spy.write_text("#!" + sys.executable + "\n" + """
-import signal, sys, time
-args = sys.argv[1:]
-out, pid = args[args.index("--output") + 1], args[args.index("--pid") + 1]
-def stop(*_):
-    open(out, "w").write(f"thread (1): MainThread;busy_for_{pid} (x.py:1) 200\\n")
-    sys.exit(0)
-signal.signal(signal.SIGINT, stop)
-print("py-spy> Sampling process 200 times a second. Press Control-C to exit.", flush=True)
-while True:
-    time.sleep(0.01)
-""")
-    spy.chmod(0o755)
-    monkeypatch.setenv("PYSPY", str(spy))
+    fake_py_spy(tmp_path, monkeypatch)
     monkeypatch.setattr(run_module, "engine_core_pids", lambda: [4242])
     cfg = run_module.parse_args(["--profile-engine-core", "--profile-run-process", "--out", str(tmp_path / "out")])
     cfg.out = tmp_path / "out"
@@ -710,8 +751,8 @@ while True:
     mine: dict = {}
     with run_module.profiled_block(cfg, "8x16-repeat1-default", core, mine):
         time.sleep(0.2)
-    assert list(core["8x16-repeat1-default"]["self"]) == ["busy_for_4242 (x.py)"]
-    assert list(mine["8x16-repeat1-default"]["self"]) == [f"busy_for_{os.getpid()} (x.py)"]
+    assert list(core["8x16-repeat1-default"]["self"]) == ["busy_for_4242 (core.py)"]
+    assert list(mine["8x16-repeat1-default"]["self"]) == [f"busy_for_{os.getpid()} (core.py)"]
     assert (tmp_path / "out/run-process-profiles/8x16-repeat1-default.txt").exists()
     table = "\n".join(profile_lines(mine, key="run_process_profile"))
     assert table.startswith("The run's process under py-spy (`--profile-run-process`")
