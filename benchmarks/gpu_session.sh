@@ -37,7 +37,10 @@
 #                                               # drift taken out (an H100 host's pace moved 1.8x within 11 minutes,
 #                                               # benchmarks/results/gpu-h100/lease-2026-12-07/); 0: no probes.
 #                                               # Each probe takes about 3-4 s on an H100: the times below are
-#                                               # without them (paired80's 3 repeats: about 30 s more)
+#                                               # without them (paired80's 3 repeats: about 30 s more). With
+#                                               # probes the host's CPU pace is also sampled all through the run
+#                                               # (ratio_flow_vs_raw_cpu_paced, cpu_pace_fit: a host whose pace
+#                                               # swings within a run, lease-2026-12-07d)
 #
 # Two trees on one machine (a change against the tree before it): carry the older tree as a git-ignored folder,
 #   mkdir -p .xfer/old && git archive OLD_COMMIT | tar -x -C .xfer/old

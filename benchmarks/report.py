@@ -274,7 +274,7 @@ def cpu_pace_lines(entry: dict[str, Any]) -> list[str]:
     lines += [f"- repeat {number}: " + ", ".join(_num(v) for v in repeat) for number, repeat in enumerate(paces, 1)]
     fitted = (f"Over the {fit['probes']} probes it moved {fit['cpu_pace_moved']:.1%}, and the probes' rates "
               f"followed it with r = **{_num(fit['r'], 2)}** (Pearson's; near 1: the engine's pace is the host's "
-              "single-thread pace, and ratios paced by it take the host out") if fit else \
+              "single-thread pace, and ratios paced by it take the host out)") if fit else \
         "Too few probes, or a pace that did not move, to tell how well the probes' rates follow it"
     lines += ["", f"{fitted}. Each method's rate over the CPU pace during its own run, against raw's likewise: flow / "
               f"raw **{_num(entry.get('ratio_flow_vs_raw_cpu_paced'), 3)}**, generation / raw "

@@ -1638,7 +1638,7 @@ class CpuPace:
         self.proc = subprocess.Popen([sys.executable, "-c", _SAMPLER, SAMPLER_TITLE, str(self.path),
                                       str(SAMPLER_PERIOD_S), str(SAMPLER_WORK_S)], cwd=ROOT)
 
-    def during(self, start: float, end: float) -> float | None:
+    def during(self, start: float, end: float) -> int | None:
         """The mean of the samples taken between two time.monotonic() readings (None with fewer than 3)."""
         rates = []
         for line in self.path.read_text().splitlines():
@@ -1648,7 +1648,7 @@ class CpuPace:
                     rates.append(float(rate))
             except ValueError:  # a line being written
                 continue
-        return round(statistics.fmean(rates), 1) if len(rates) >= 3 else None
+        return round(statistics.fmean(rates)) if len(rates) >= 3 else None
 
     def close(self) -> None:
         self.proc.kill()

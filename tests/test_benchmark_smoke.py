@@ -351,7 +351,8 @@ def test_ratios_paced_by_the_cpu_pace_during_each_run_and_its_fit_to_the_probes(
     entry = {"pace_probes": [probes], "cpu_pace_fit": fit, "ratio_flow_vs_raw_cpu_paced": 1.2,
              "ratio_generation_vs_raw_cpu_paced": 1.2}
     text = "\n".join(cpu_pace_lines(entry))
-    assert "- repeat 1: 200.0, 300.0, 240.0" in text and "r = **1.00**" in text and "flow / raw **1.200**" in text
+    assert "- repeat 1: 200.0, 300.0, 240.0" in text and "r = **1.00** (Pearson's;" in text
+    assert "take the host out). Each method's rate" in text and "flow / raw **1.200**" in text
     assert cpu_pace_lines({"pace_probes": [[{"output_tokens_per_second": 1.0}]]}) == []
 
 
