@@ -81,7 +81,7 @@ def raw_steps_sentence(raw: dict[str, Any], flow_tokens: int, feed: dict[str, An
 
 CPU_GROUPS = {"engine": "vLLM's engine core", "front_end": "the engine's front end", "main": "the run's process",
               "workers": "batchgen's workers", "prefect_server": "the Prefect server", "load": "the CPU load beside it",
-              "other": "other children"}
+              "sampler": "the CPU pace sampler", "other": "other children"}
 
 
 def cpu_sentence(raw: dict[str, Any] | None, flow: dict[str, Any] | None) -> str:

@@ -306,8 +306,9 @@ def log(message: str) -> None:
 
 def _group(proc: Any) -> str:
     """engine (vLLM's engine core and workers), front_end (batchgen's engine process: vLLM's front end and the
-    engine stream), workers (batchgen's validation and report workers), prefect_server, or other. Read at every
-    sample: a spawned vLLM process shows its VLLM:: title only once it has set it."""
+    engine stream), workers (batchgen's validation and report workers), prefect_server, load (raw_load's),
+    sampler (the CPU pace sampler), or other. Read at every sample: a spawned vLLM process shows its VLLM:: title
+    only once it has set it."""
     title = _title(proc)
     if "VLLM" in title:
         return "engine"
@@ -319,6 +320,8 @@ def _group(proc: Any) -> str:
         return "prefect_server"
     if LOAD_TITLE in title:
         return "load"
+    if SAMPLER_TITLE in title:
+        return "sampler"
     return "other"
 
 
