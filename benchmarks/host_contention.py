@@ -26,6 +26,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -123,15 +125,21 @@ def lscpu() -> dict[str, str]:
     return {key: facts[key].strip() for key in keep if key in facts}
 
 
-def scan(probe: int, cpus: list[int], seconds: float, timings: int) -> list[dict[str, Any]]:
-    """The probe pinned on `probe`, beside one spinner on each other CPU in turn."""
+@contextmanager
+def pinned(cpu: int, seconds: float) -> Iterator[int]:
+    """This process on `cpu` alone for the block, with the rounds of `work` that take about `seconds` there."""
     before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {probe})
+    os.sched_setaffinity(0, {cpu})
     try:
-        rounds = calibrate(seconds)
-        return [beside([cpu], rounds, timings) for cpu in cpus if cpu != probe]
+        yield calibrate(seconds)
     finally:
         os.sched_setaffinity(0, before)
+
+
+def scan(probe: int, cpus: list[int], seconds: float, timings: int) -> list[dict[str, Any]]:
+    """The probe pinned on `probe`, beside one spinner on each other CPU in turn."""
+    with pinned(probe, seconds) as rounds:
+        return [beside([cpu], rounds, timings) for cpu in cpus if cpu != probe]
 
 
 def measure(seconds: float = 0.1, timings: int = 3, probe_cpus: list[int] | None = None) -> dict[str, Any]:
@@ -143,13 +151,8 @@ def measure(seconds: float = 0.1, timings: int = 3, probe_cpus: list[int] | None
     probe, per_cpu = probes[0], scans[probes[0]]
     # the spinners' CPUs for the counts: those that slowed the probe least first, its suspected sibling last
     quiet = [row["cpus"][0] for row in sorted(per_cpu, key=lambda row: -row["ratio"])]
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {probe})
-    try:
-        rounds = calibrate(seconds)
+    with pinned(probe, seconds) as rounds:
         by_count = [beside(quiet[:k], rounds, timings) | {"spinners": k} for k in counts(len(quiet))]
-    finally:
-        os.sched_setaffinity(0, before)
 
     def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ratios = [row["ratio"] for row in rows]
@@ -171,6 +174,15 @@ def measure(seconds: float = 0.1, timings: int = 3, probe_cpus: list[int] | None
     }
 
 
+def scan_lines(lead: str, scanned: dict[str, Any]) -> list[str]:
+    """One probe CPU's scan (`per_cpu`, with its summary): a sentence, then the ratio beside each other CPU."""
+    slowest = scanned["slowest_cpu"]
+    return [f"{lead}: median ratio **{scanned['per_cpu_median']}** over the other CPUs; the lowest "
+            f"**{slowest['ratio']}** with it on CPU {slowest['cpus'][0]}.", "",
+            "| spinner's CPU | ratio |", "| ---: | ---: |"] + [f"| {row['cpus'][0]} | {row['ratio']} |"
+                                                            for row in scanned["per_cpu"]]
+
+
 def report(result: dict[str, Any]) -> str:
     facts = ", ".join(f"{key} {value}" for key, value in result["lscpu"].items()) or "lscpu not available"
     lines = [
@@ -183,21 +195,13 @@ def report(result: dict[str, Any]) -> str:
         "",
     ]
     if result["per_cpu"]:
-        slowest = result["slowest_cpu"]
-        lines += [f"Beside one spinner: median ratio **{result['per_cpu_median']}** over the other CPUs; the lowest "
-                  f"**{slowest['ratio']}** with it on CPU {slowest['cpus'][0]}.", "",
-                  "| spinner's CPU | ratio |", "| ---: | ---: |"]
-        lines += [f"| {row['cpus'][0]} | {row['ratio']} |" for row in result["per_cpu"]]
+        lines += scan_lines("Beside one spinner", result)
         lines += ["", "Beside several spinners (on the CPUs that slowed it least first):", "",
                   "| spinners | their CPUs | ratio |", "| ---: | --- | ---: |"]
         lines += [f"| {row['spinners']} | {', '.join(map(str, row['cpus']))} | {row['ratio']} |"
                   for row in result["by_count"]]
         for other in result["other_probes"]:
-            slowest = other["slowest_cpu"]
-            lines += ["", f"The probe on CPU {other['probe_cpu']} beside one spinner: median ratio "
-                      f"**{other['per_cpu_median']}**; the lowest **{slowest['ratio']}** with it on CPU "
-                      f"{slowest['cpus'][0]}.", "", "| spinner's CPU | ratio |", "| ---: | ---: |"]
-            lines += [f"| {row['cpus'][0]} | {row['ratio']} |" for row in other["per_cpu"]]
+            lines += [""] + scan_lines(f"The probe on CPU {other['probe_cpu']} beside one spinner", other)
     else:
         lines.append("Only one CPU here: nothing to spin beside the probe.")
     return "\n".join(lines) + "\n"

@@ -295,14 +295,15 @@ def variants_lines(variants: dict[str, Any] | None) -> list[str]:
              "same engine (the order reversed in every other repeat); medians over the repeats, then each repeat's "
              "figure in the order they ran. Against the default flow: the default flow's wall time over the "
              "variant's in the same repeat (above 1: the variant was faster).", ""]
-    paced = any(v.get("ratio_flow_vs_raw_paced") for v in variants.values())
-    cpu_paced = any(v.get("ratio_flow_vs_raw_cpu_paced") for v in variants.values())
+    # the paced ratios' columns, each where some variant has it: by the probes around each run, by the CPU pace
+    paced = [(key, heading) for key, heading in (
+        ("ratio_flow_vs_raw_paced", "flow / raw, paced | each repeat's, paced"),
+        ("ratio_flow_vs_raw_cpu_paced", "flow / raw, by the CPU pace | each repeat's"))
+        if any(v.get(key) for v in variants.values())]
     lines += ["| variant | settings | flow / raw | generation / raw | against the default flow "
               "| each repeat's flow / raw | engine steps | ms a step (flow) | ms a step (raw) |"
-              + (" flow / raw, paced | each repeat's, paced |" if paced else "")
-              + (" flow / raw, by the CPU pace | each repeat's |" if cpu_paced else ""),
-              "| --- | --- | ---: | ---: | ---: | --- | --- | --- | --- |" + (" ---: | --- |" if paced else "")
-              + (" ---: | --- |" if cpu_paced else "")]
+              + "".join(f" {heading} |" for _, heading in paced),
+              "| --- | --- | ---: | ---: | ---: | --- | --- | --- | --- |" + " ---: | --- |" * len(paced)]
     for name, v in variants.items():
         rows = v["pairs"]
         settings = ", ".join(f"{k} {val:,}" for k, val in v["settings"].items()) or "as is"
@@ -312,11 +313,8 @@ def variants_lines(variants: dict[str, Any] | None) -> list[str]:
                      f"| {', '.join(str(r['engine_steps']) for r in rows)} "
                      f"| {step_ms(rows, 'engine_steps', 'engine_busy_seconds')} "
                      f"| {step_ms(rows, 'raw_engine_steps', 'raw_engine_step_seconds')} |"
-                     + (f" {_num(v.get('ratio_flow_vs_raw_paced'), 3)} "
-                        f"| {', '.join(_num(r.get('ratio_flow_vs_raw_paced'), 3) for r in rows)} |" if paced else "")
-                     + (f" {_num(v.get('ratio_flow_vs_raw_cpu_paced'), 3)} "
-                        f"| {', '.join(_num(r.get('ratio_flow_vs_raw_cpu_paced'), 3) for r in rows)} |"
-                        if cpu_paced else ""))
+                     + "".join(f" {_num(v.get(key), 3)} | {', '.join(_num(r.get(key), 3) for r in rows)} |"
+                               for key, _ in paced))
     loaded = {name: [r["load"] for r in v["pairs"] if r.get("load")] for name, v in variants.items()}
     notes = [f"- {name}: raw's call with CPU load beside it, which kept "
              + ", ".join(f"{_num(load['busy_cores'], 2)}" for load in loads)

@@ -255,10 +255,10 @@ def parse_args(argv: list[str] | None) -> Config:
         parser.error("--repeats must be at least 1")
     if args.pace_probe < 0:
         parser.error("--pace-probe must be 0 (no probes) or more prompts")
-    if args.profile_engine_core and py_spy() is None:
-        parser.error("--profile-engine-core needs py-spy: on the PATH, or PYSPY=/path/to/py-spy")
-    if args.profile_run_process and py_spy() is None:
-        parser.error("--profile-run-process needs py-spy: on the PATH, or PYSPY=/path/to/py-spy")
+    for option, asked in (("--profile-engine-core", args.profile_engine_core),
+                          ("--profile-run-process", args.profile_run_process)):
+        if asked and py_spy() is None:
+            parser.error(f"{option} needs py-spy: on the PATH, or PYSPY=/path/to/py-spy")
     if set(config.retry_sizes) - set(config.sizes):
         parser.error(f"--retry-sizes {config.retry_sizes}: each must be one of --sizes {config.sizes}")
     if config.retry_sizes and not config.with_retries:
@@ -1744,22 +1744,23 @@ def pace_probe(cfg: Config, engine: Any, prompts: list[list[int]], params: Any,
     if not cfg.pace_probe:
         return lambda *_: None
     probes: list[dict[str, Any]] = pair.setdefault("probes", [])
-    since = [time.monotonic()]  # when the last probe ended: the method after it runs from then
+    since = time.monotonic()  # when the last probe ended: the method after it runs from then
 
     def probe(after: str | None, *figures: dict[str, Any]) -> None:
+        nonlocal since
         began = time.monotonic()
         if sampler is not None and after is not None:
-            during = sampler.during(since[0], began)
+            during = sampler.during(since, began)
             for f in figures:
                 f[CPU_PACE_KEY] = during
         cold_prefix_cache(engine)
         got = engine.run(timed_generate, prompts, params)
-        since[0] = time.monotonic()
+        since = time.monotonic()
         one = {"after": after, "prompts": len(prompts), "wall_seconds": round(got["wall"], 3),
                "output_tokens": got["tokens"],
                "output_tokens_per_second": round(got["tokens"] / got["wall"], 2) if got["wall"] > 0 else None,
                "engine_steps": got["steps"], "engine_step_seconds": got["step_seconds"],
-               **({CPU_PACE_KEY: sampler.during(began, since[0])} if sampler is not None else {})}
+               **({CPU_PACE_KEY: sampler.during(began, since)} if sampler is not None else {})}
         log_run(f"pace probe after {after}" if after else "pace probe", one)
         if probes and probes[-1]["output_tokens_per_second"] and one["output_tokens_per_second"]:
             pace = round((probes[-1]["output_tokens_per_second"] + one["output_tokens_per_second"]) / 2, 2)
@@ -1905,10 +1906,7 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
             "ratio_raw_vs_serial": ratio(raw["output_tokens_per_second"], serial["output_tokens_per_second"]),
             "ratio_flow_vs_hf": ratio(flow["output_tokens_per_second"], (hf or {}).get("output_tokens_per_second")),
             **({"repeats": spread["pairs"]} if cfg.repeats > 1 else {}),
-            **({"ratio_flow_vs_raw_paced": spread["ratio_flow_vs_raw_paced"],
-                "ratio_generation_vs_raw_paced": spread["ratio_generation_vs_raw_paced"],
-                "ratio_flow_vs_raw_cpu_paced": spread["ratio_flow_vs_raw_cpu_paced"],
-                "ratio_generation_vs_raw_cpu_paced": spread["ratio_generation_vs_raw_cpu_paced"],
+            **({**{key: spread[key] for key in (*PACED_KEYS, *CPU_PACED_KEYS)},
                 "pace_probes": [pair["probes"] for pair in pairs], "pace_spread": pace_spread(pairs),
                 "cpu_pace_fit": pace_fit(pairs)}
                if cfg.pace_probe else {}),
