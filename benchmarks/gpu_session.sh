@@ -125,7 +125,8 @@
 # lease-2026-12-07c): WARM_OUT=1 packs vLLM's torch.compile cache, Inductor's and Triton's at the session's end
 # into $OUT/compile-caches.tgz (one of the 8 files that come back; left out above 15 MiB, its size logged); keep it
 # git-ignored here as .xfer/warm/compile-caches.tgz and carry .xfer/warm on a later lease's last setup call: a
-# session finding it (WARM_IN, that path by default) unpacks it before its first step. Caches that do not match
+# session finding it (WARM_IN, that path by default where nvidia-smi is: a GPU machine, not a checkout elsewhere
+# whose own caches it would fill) unpacks it before its first step. Caches that do not match
 # that machine's versions are simply not used (vLLM and Inductor key them by version and config).
 # A step that fails or runs out of time is reported in session.log; the next step still runs. Each step's log,
 # session.log and copies of latest.json, latest.md, latest.png and big_model.json go to $OUT when it is set
@@ -147,8 +148,7 @@ SUMMARY="$LOGS/session.log"
   echo "results: $RES   logs: $LOGS   budget: $SESSION_SECONDS s"
   nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv 2>&1
   # the host's CPUs as the VM shows them (threads per core, clock, caches): what the engine core's pace depends on
-  lscpu 2>&1 | grep -E '^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|CPU (max )?MHz)' || true
-  lscpu 2>&1 | grep -E '^(L3|NUMA node\(s\)|Hypervisor)' || true
+  "$PY" -c "from benchmarks.host_contention import lscpu; print(*(f'{k}: {v}' for k, v in lscpu().items()), sep='\n')"
   # the JSON-lines mirrors' writer: Polars where the payload brought it (docs/gpu.md), else the slower orjson path
   "$PY" -c "import batchgen.publish as p; print('polars writer', p._polars() is not None)" 2>&1 | tail -1
 } > "$SUMMARY"
@@ -161,8 +161,10 @@ compile_caches() {
     [ -d "$dir" ] && echo "${dir#/}"
   done
 }
-WARM_IN=${WARM_IN:-.xfer/warm/compile-caches.tgz}
-if [ -f "$WARM_IN" ]; then
+if [ -z "${WARM_IN:-}" ] && command -v nvidia-smi > /dev/null; then
+  WARM_IN=.xfer/warm/compile-caches.tgz
+fi
+if [ -n "${WARM_IN:-}" ] && [ -f "$WARM_IN" ]; then
   if tar -C / -xzf "$WARM_IN" 2>> "$SUMMARY"; then
     echo "compile caches: unpacked $WARM_IN ($(du -k "$WARM_IN" | cut -f1) KB)" >> "$SUMMARY"
   else

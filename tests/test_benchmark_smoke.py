@@ -890,6 +890,7 @@ def test_gpu_session_packs_the_compile_caches_and_a_later_session_unpacks_them(t
     artifact.parent.mkdir(parents=True)
     artifact.write_bytes(b"compiled")
     env = {**os.environ, "HOME": str(home), "STEPS": "none", "PYTHON": sys.executable,
+           "WARM_IN": str(tmp_path / "no-caches.tgz"),  # the first session unpacks nothing (a checkout's own caches)
            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "no-inductor"), "TRITON_CACHE_DIR": str(tmp_path / "no-triton")}
     first, later = tmp_path / "first", tmp_path / "later"
     script = str(ROOT / "benchmarks/gpu_session.sh")
@@ -912,7 +913,7 @@ def test_gpu_session_contention_step_times_a_thread_beside_a_spinner_on_each_oth
     1, 2, ... of them; its JSON comes back with the session's logs, its table in the step's log, and no spinner
     outlives it."""
     env = {**os.environ, "STEPS": "contention", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
-           "RESULTS_DIR": str(tmp_path / "res")}
+           "RESULTS_DIR": str(tmp_path / "res"), "WARM_IN": str(tmp_path / "no-caches.tgz")}
     done = subprocess.run(["bash", str(ROOT / "benchmarks/gpu_session.sh")], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
@@ -937,3 +938,25 @@ def test_host_contention_stops_with_exit_2_naming_the_option(argv, message, caps
     with pytest.raises(SystemExit) as stopped:
         host_contention.main(argv)
     assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_gpu_session_leaves_a_checkouts_caches_alone_off_a_gpu_machine(tmp_path):
+    """.xfer/warm/compile-caches.tgz is unpacked by default only where nvidia-smi is (the device): run elsewhere,
+    e.g. for its `contention` step on a laptop, the session must not fill that machine's own caches with a GPU's."""
+    cached = tmp_path / "cache/artifact.bin"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"compiled on a GPU")
+    (tmp_path / ".xfer/warm").mkdir(parents=True)
+    subprocess.run(["tar", "-C", "/", "-czf", str(tmp_path / ".xfer/warm/compile-caches.tgz"),
+                    str(cached).lstrip("/")], check=True)
+    cached.unlink()
+    path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep)
+                           if not (Path(d) / "nvidia-smi").exists())
+    env = {k: v for k, v in os.environ.items() if k != "WARM_IN"}
+    env.update(PATH=path, STEPS="none", PYTHON=sys.executable, PYTHONPATH=str(ROOT), OUT=str(tmp_path / "out"),
+               RESULTS_DIR=str(tmp_path / "res"))
+    done = subprocess.run(["bash", str(ROOT / "benchmarks/gpu_session.sh")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert not cached.exists()
+    assert "compile caches" not in (tmp_path / "out/session.log").read_text()
