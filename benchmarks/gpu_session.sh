@@ -52,7 +52,8 @@
 #
 # Steps, each under a time limit (its cap, or what is left of SESSION_SECONDS, default 540):
 # (on a fresh machine the first step spends about 225 s before its first measured run: imports, the model's GGUF
-# converted, the engine built with a cold compile cache, the warm-up; benchmarks/results/gpu-h100/lease-2026-12-07b/)
+# converted, the engine built with a cold compile cache, the warm-up; benchmarks/results/gpu-h100/lease-2026-12-07b/;
+# with the compile caches below carried the engine built in 58 s there, lease-2026-12-07e)
 #   run        benchmarks.run: 10,000 items at max_tokens 80 and 16 with one engine; HF transformers on 256 items
 #              in batches of 64; one prompt per call on 32 items; the retry strategies on 64 items; the whole job
 #              with the example job's retries at 80 tokens against raw's first pass, retried in the stream, in
@@ -122,7 +123,8 @@
 #              Prefect's task runs cost on the host, beside the pipeline alone, into $RES/pipeline-floor (about
 #              2 minutes on 2 cores, not by default)
 # Compile caches across leases (a fresh machine builds the engine in 72-115 s with cold caches, 32-39 s warm:
-# lease-2026-12-07c): WARM_OUT=1 packs vLLM's torch.compile cache, Inductor's and Triton's at the session's end
+# lease-2026-12-07c; 58 s on a fresh machine with them carried, lease-2026-12-07e): WARM_OUT=1 packs vLLM's
+# torch.compile cache, Inductor's and Triton's at the session's end
 # into $OUT/compile-caches.tgz (one of the 8 files that come back; left out above 15 MiB, its size logged); keep it
 # git-ignored here as .xfer/warm/compile-caches.tgz and carry .xfer/warm on a later lease's last setup call: a
 # session finding it (WARM_IN, that path by default where nvidia-smi is: a GPU machine, not a checkout elsewhere
