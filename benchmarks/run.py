@@ -1633,8 +1633,9 @@ with open(path, "a", buffering=1) as out:
 class CpuPace:
     """The host's single-thread pace sampled all through the run by a process of its own (_SAMPLER: about 2 ms of a
     pure-Python loop every 50 ms, its rate and when), so that a method's rate can be set against the host's pace
-    while that method ran, not only before and after it (the pace probes). On a small model the engine core's steps
-    are a Python thread's work: they follow the host's single-thread pace where nothing else differs."""
+    while that method ran, not only before and after it (the pace probes). That pacing holds only where the engine's
+    pace is the host's single-thread pace, which cpu_pace_fit tests per run: on the CPU build (r = 0.41) and on an
+    H100 host (r = -0.38 and 0.54, benchmarks/results/gpu-h100/lease-2026-12-07e/) it was not."""
 
     def __init__(self) -> None:
         self.path = Path(tempfile.mkstemp(prefix="batchgen-pace-", suffix=".txt")[1])
