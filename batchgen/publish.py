@@ -51,6 +51,7 @@ from batchgen.records import ATTEMPTS_SCHEMA, Manifest, RunTotals
 from batchgen.schema import (InputCodec, accepted_schema, input_fields, output_names, published_input_names,
                              rejected_schema)
 from batchgen.store import write_atomic
+from batchgen.table_figures import TableFigures
 
 ACCEPTED_TABLE, REJECTED_TABLE, ATTEMPTS_TABLE = "accepted", "rejected", "attempts"
 RESULTS = f"{ACCEPTED_TABLE}/{ACCEPTED_TABLE}.parquet"
@@ -542,6 +543,7 @@ class Publication:
         self.join_fallback: str | None = None  # after seal: why the tables were not the ones joined as staged
         self._schemas: dict[str, dict[int, pa.Schema]] = {name: {} for name in TABLE_FILES.values()}  # by window
         self._rows: dict[str, dict[int, int]] = {name: {} for name in TABLE_FILES.values()}  # by window
+        self._figures: dict[int, TableFigures] = {}  # the report's figures of each window's rows (`figures`)
 
     @classmethod
     def open(cls, out_dir: Path, **options: Any) -> Publication:
@@ -578,10 +580,13 @@ class Publication:
                 _write_jsonl(table, part.with_suffix(".jsonl"))
             write_atomic(table, part.with_suffix(".parquet"), sync=False)
         schemas = {name: pq.read_schema(_part(parts, name, index).with_suffix(".parquet")) for name in tables}
+        figures = TableFigures()
+        figures.add_tables(tables[RESULTS], tables[REJECTED], tables[ATTEMPTS])
         with self._lock:
             for name, schema in schemas.items():
                 self._schemas[name][index] = schema
                 self._rows[name][index] = tables[name].num_rows
+            self._figures[index] = figures
         self._join.add(index, tables, schemas)
         with self._lock:
             self.totals = self.totals + totals
@@ -598,6 +603,17 @@ class Publication:
                 having = [i for i in windows if self._rows[name][i]] or windows
                 schemas[name] = unified_schema([by_window[i] for i in having])
             return schemas, windows
+
+    def figures(self) -> TableFigures | None:
+        """The report's figures of the tables (`TableFigures`) as the seal will write them: the staged windows'
+        rows, in window order; None for a publication whose tables are not staged as windows (a merge's)."""
+        with self._lock:
+            if not self._figures:
+                return None
+            figures = TableFigures()
+            for index in sorted(self._figures):
+                figures.extend(self._figures[index])
+            return figures
 
     def _parts(self, schemas: dict[str, pa.Schema], windows: list[int]) -> Streams:
         """The windows' parts of each table, read one at a time, with the table's schema."""

@@ -95,11 +95,13 @@ class Worker:
         meanwhile or it is gone)."""
         return self.ready.is_set() and not self.busy()
 
-    def charts(self, run_dir: Path, which: Sequence[int] | None = None) -> Future:
-        """Ask for the charts of `run_dir` (a sealed publication), all or those at the indices `which`; the future's
-        result is `report_charts`'s list, or WorkerError. Raises WorkerError at once when the worker is
-        not ready, busy or gone."""
-        return self._ask({"run_dir": str(Path(run_dir).resolve()), "which": None if which is None else list(which)})
+    def charts(self, run_dir: Path, which: Sequence[int] | None = None, figures: dict[str, Any] | None = None) -> Future:
+        """Ask for the charts of `run_dir` (a sealed publication), all or those at the indices `which`; with
+        `figures` (batchgen.report.worker.charts_figures), of those figures instead, the tables not read (not
+        sealed yet). The future's result is `report_charts`'s list, or WorkerError. Raises WorkerError at once when
+        the worker is not ready, busy or gone."""
+        return self._ask({"run_dir": str(Path(run_dir).resolve()), "which": None if which is None else list(which),
+                          **({"figures": figures} if figures is not None else {})})
 
     def build_data_docs(self, run_dir: Path, validation: list[dict[str, Any]] | None = None,
                         started_at: str | None = None) -> Future:

@@ -1139,6 +1139,10 @@ FLOW_VARIANTS: dict[str, tuple[dict[str, int | float | bool], str]] = {
                  f"busy a share of every {LOAD_PERIOD_MS} ms, on any core): what CPU work like the flow's own (0.5-0.7 "
                  "core more than raw's at 60,000 x 16 on an H100, lease-2026-12-07c) costs the engine through the "
                  "host alone"),
+    "charts_after_seal": ({"charts_after_seal": True},
+                          "the report's charts asked of the workers only once the tables are sealed, each worker "
+                          "reading them back (the publish step before its charts were drawn during the seal from "
+                          "the figures the windows' rows added up to)"),
     "wide": ({"window_size": 8192, "windows_in_flight": 8},
              "the job's windows of 8,192 items, 8 feeding the engine at once (up to 65,536 requests queued, against "
              "3 of 2,048): the flow queuing about as much as raw's call up to 60,000 items"),
@@ -1160,8 +1164,10 @@ def flow_variant(engine: Any, name: str) -> Iterator[None]:
     """The flow under FLOW_VARIANTS[name] for the block, its own settings again after."""
     import batchgen.prompts as prompts_module
     import flows.batch_generation as flow_module
+    import tasks.publish as publish_module
 
     settings = FLOW_VARIANTS[name][0]
+    start_charts = publish_module.start_charts
     held = (flow_module.WINDOWS_HELD_PER_PLACE, flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES)
     ramp_down = flow_module.RAMP_DOWN
     tokenize_threads = prompts_module.tokenize_threads
@@ -1181,8 +1187,11 @@ def flow_variant(engine: Any, name: str) -> Iterator[None]:
                 settings["windows_held_per_place"]
         if "add_per_step" in settings:
             added = set_add_per_step(engine, settings["add_per_step"])
+        if settings.get("charts_after_seal"):
+            publish_module.start_charts = lambda *args: []
         yield
     finally:
+        publish_module.start_charts = start_charts
         flow_module.WINDOWS_HELD_PER_PLACE, flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES = held
         flow_module.RAMP_DOWN = ramp_down
         prompts_module.tokenize_threads = tokenize_threads

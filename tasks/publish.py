@@ -25,9 +25,10 @@ from batchgen.publish import CURRENT, PUBLICATIONS, REJECTED, RESULTS, Publicati
 from batchgen.records import ATTEMPTS_SCHEMA, EngineStats, Manifest, RunTotals, Tally, Window
 from batchgen.remote import CURRENT_JSON, upload_publication
 from batchgen.report import preload as preload_report
-from batchgen.report import start_chart_worker, start_data_docs, write_report_and_markdown
+from batchgen.report import start_chart_worker, start_charts, start_data_docs, write_report_and_markdown
 from batchgen.retry import latest_attempts
 from batchgen.summary import summary_markdown
+from batchgen.table_figures import TableFigures
 from batchgen.gx_results import merge_results
 from tasks.prompts import PromptStep
 from tasks.validate import Validated
@@ -102,15 +103,18 @@ def publish_task(job: JobSpec, publication: Publication, started_at: datetime) -
     sealing = time.perf_counter()
     manifest = build_manifest(job, totals, timings, started_at, flow_run.get_id(), flow_run.get_flow_name())
     validation = [merge_results(results) for results in totals.validation]
-    # the Data Docs need only the validation results: a worker builds them while the tables are sealed here
+    # the Data Docs need only the validation results, the charts the figures the windows' rows added up to: workers
+    # build them while the tables are sealed here
     data_docs = start_data_docs(publication.staging, validation, manifest.started_at)
+    figures = publication.figures()
+    charts = start_charts(publication.staging, figures, manifest, validation)
     written = publication.seal(manifest, validation)
     if publication.join_fallback is not None:
         get_run_logger().debug("publish: the windows' parts joined at seal (%s)", publication.join_fallback)
     check_published_once(publication.staging, totals.tally.items)
     steps = {"seal": time.perf_counter() - sealing}
     finish_publication(job, publication, _artifact_key(job.name), f"{job.name}: run summary", "publish", steps,
-                       data_docs)
+                       data_docs, charts, figures)
     return written
 
 
@@ -136,22 +140,24 @@ def check_published_once(staging: Path, expected: int) -> None:
 
 
 def finish_publication(job: JobSpec, publication: Publication, artifact_key: str, artifact_description: str,
-                       label: str, steps: dict[str, float] | None = None, data_docs: Any = None) -> Path:
+                       label: str, steps: dict[str, float] | None = None, data_docs: Any = None, charts: Any = None,
+                       figures: TableFigures | None = None) -> Path:
     """Add the report to a sealed publication, switch `current` to it, post the summary, copy it to shared storage.
     `steps`: seconds of the publishing steps before this one (by name), logged with this one's in one line;
-    `data_docs`: the Data Docs asked of a worker already (batchgen.report.start_data_docs)."""
+    `data_docs` and `charts`: the Data Docs and charts asked of workers already (batchgen.report.start_data_docs,
+    start_charts); `figures`: the tables' figures as the publication's writer added them up."""
     # Anything else that belongs to this publication is written into it before the commit,
     # so that readers of <out>/current see it together with the data or not at all.
     # report.html and data_docs/ belong to this publication; the markdown is the report's figures, read once
     steps, report = dict(steps or {}), {}
     started = time.perf_counter()
-    _, figures = write_report_and_markdown(publication.staging, report, data_docs)
+    _, markdown = write_report_and_markdown(publication.staging, report, data_docs, charts, figures)
     committing = time.perf_counter()
     out_dir = Path(job.output.dir)
     published = publication.commit()
     written = publication.manifest
     posting = time.perf_counter()
-    create_markdown_artifact(markdown=summary_markdown(written) + figures, key=artifact_key,
+    create_markdown_artifact(markdown=summary_markdown(written) + markdown, key=artifact_key,
                              description=artifact_description)
     steps.update(report=committing - started, commit=posting - committing, artifact=time.perf_counter() - posting)
     log_publish_steps(label, steps, report)

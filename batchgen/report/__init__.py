@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from batchgen.files import write_text as write_text_atomic
+from batchgen.records import Manifest
 from batchgen.report.datadocs import DATA_DOCS, build_data_docs
-from batchgen.report.page import REPORT, figures_markdown, render_html
+from batchgen.report.page import REPORT, figures_markdown, page_template, render_html
 from batchgen.report.read import NotAPublicationError, Publication, load_publication
 from batchgen.report.charts import CHART_COUNT, report_charts
 from batchgen.report.worker import (
@@ -30,20 +31,24 @@ from batchgen.report.worker import (
     start_workers,
     wait_for,
 )
+from batchgen.table_figures import TableFigures
 
 __all__ = ["DATA_DOCS", "REPORT", "NotAPublicationError", "load_publication", "preload", "report_markdown",
-           "start_chart_worker", "start_data_docs", "write_report", "write_report_and_markdown"]
+           "start_chart_worker", "start_charts", "start_data_docs", "write_report", "write_report_and_markdown"]
+
+Charts = list[tuple[ChartWorker, list[int], Future]]  # charts asked of workers: (worker, chart indices, answer)
 
 
 def load_libraries(data_docs: bool = True, charts: bool = True) -> None:
     """Import GX's site builder and compile its page templates (Data Docs), and matplotlib with its font list
-    (charts)."""
+    (charts); compile the report page's own template."""
     if charts:
         load_chart_libraries()
     if data_docs:
         from batchgen.report import gx_views
 
         gx_views.warm()  # GX's site builder, and its page templates compiled once for the process
+    page_template()
 
 
 def preload(chart_worker: bool = True) -> threading.Thread:
@@ -73,14 +78,18 @@ def start_chart_worker(count: int | None = None) -> list[ChartWorker]:
 
 
 def _write(run_dir: Path, timings: dict[str, float] | None = None,
-           data_docs: tuple[ChartWorker, Future] | None = None) -> tuple[Path, Publication]:
+           data_docs: tuple[ChartWorker, Future] | None = None, charts: Charts | None = None,
+           figures: TableFigures | None = None) -> tuple[Path, Publication]:
     started = time.perf_counter()
     workers = running_workers()
-    # the Data Docs in a worker (asked for already, or now), the charts in the others, while the publication is read
-    # here; what no worker takes is done here
+    # the Data Docs in a worker (asked for already, or now), the charts in the others (those not asked for already),
+    # while the publication is read here; what no worker takes is done here
     data_docs = data_docs or ask_for_data_docs(Path(run_dir), workers)
-    asked = ask_for_charts(Path(run_dir), workers)
-    pub = load_publication(Path(run_dir))
+    asked = list(charts or [])
+    taken = {index for _, which, _ in asked for index in which}
+    if len(taken) < CHART_COUNT:
+        asked += ask_for_charts(Path(run_dir), workers, which=[i for i in range(CHART_COUNT) if i not in taken])
+    pub = load_publication(Path(run_dir), figures)
     read = time.perf_counter()
     docs = None
     if data_docs is not None:
@@ -117,12 +126,15 @@ def write_report(run_dir: Path) -> Path:
 
 
 def write_report_and_markdown(run_dir: Path, timings: dict[str, float] | None = None,
-                              data_docs: tuple[ChartWorker, Future] | None = None) -> tuple[Path, str]:
+                              data_docs: tuple[ChartWorker, Future] | None = None, charts: Charts | None = None,
+                              figures: TableFigures | None = None) -> tuple[Path, str]:
     """`write_report`, and the report's figures as markdown (`report_markdown`) from the same reading of the
     publication. `timings`, when given, gets the seconds each part took: read (the publication), data_docs (building
     them here, or the wait for a worker's), charts (the wait for the chart workers' images, or drawing them here)
-    and page (report.html). `data_docs`: the Data Docs asked of a worker already (`start_data_docs`)."""
-    path, pub = _write(Path(run_dir), timings, data_docs)
+    and page (report.html). `data_docs`: the Data Docs asked of a worker already (`start_data_docs`); `charts`: the
+    charts asked of workers already (`start_charts`); `figures`: the tables' figures as the publication's writer
+    added them up (`Publication.figures`), so that the tables are read here only for the page's samples."""
+    path, pub = _write(Path(run_dir), timings, data_docs, charts, figures)
     return path, figures_markdown(pub)
 
 
@@ -132,6 +144,18 @@ def start_data_docs(run_dir: Path, validation: list[dict[str, Any]], started_at:
     the publication's validation.json will hold them) into `run_dir` now, before the tables are sealed; give what
     it returns to `write_report_and_markdown`. None where no such worker is ready: the report builds them."""
     return ask_for_data_docs(Path(run_dir), running_workers(), validation, started_at)
+
+
+def start_charts(run_dir: Path, figures: TableFigures | None, manifest: Manifest,
+                 validation: list[dict[str, Any]]) -> Charts:
+    """Ask the chart workers (`start_chart_worker`) for the charts of the publication being sealed in `run_dir`,
+    drawn from `figures` (its tables' figures as its writer added them up, `Publication.figures`), `manifest` (as
+    the seal will write it) and `validation` (its GX results), so that they are drawn while the tables are sealed;
+    give what it returns to `write_report_and_markdown`. Empty where no worker is ready or there are no figures (a
+    merge's publication): the report asks for them, or draws them, once the tables are sealed."""
+    if figures is None:
+        return []
+    return ask_for_charts(Path(run_dir), running_workers(), (figures, manifest, validation))
 
 
 def report_markdown(run_dir: Path) -> str:

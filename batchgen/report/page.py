@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime, timezone
 from typing import Any
@@ -166,16 +167,22 @@ def cards(manifest: Manifest) -> list[tuple[str, str, Any]]:
 def render_html(pub: Publication, docs: dict[str, Any] | None, charts: list[dict[str, str]] | None = None) -> str:
     """The report page: counts, Data Docs links, charts, prompt and settings, rejections, pass rates, samples.
     `charts`: `report_charts(pub)` when already drawn (by the chart worker), else drawn here."""
-    import jinja2
-
     m = pub.manifest
     accepted, rejected = samples(pub)
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    return env.from_string(PAGE).render(
+    return page_template().render(
         m=m, cards=cards(m), charts=report_charts(pub) if charts is None else charts,
         expectations=pass_rates(pub.validation), accepted=accepted, rejected=rejected, pct=_pct, when=_when,
         docs=docs, settings=settings(m), keyword=pub.expectations.get("keyword_column"), prompt=m.prompt,
     )
+
+
+@functools.cache
+def page_template() -> Any:
+    """The page's Jinja template, compiled once per process (tens of milliseconds: batchgen.report.preload compiles
+    it while the engine works)."""
+    import jinja2
+
+    return jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(PAGE)
 
 
 def _shown(value: Any) -> str:

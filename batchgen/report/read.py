@@ -6,7 +6,6 @@ The tables are scanned once, a batch of rows at a time, so the report's memory d
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,7 +15,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pydantic import ValidationError
@@ -24,6 +22,7 @@ from pydantic import ValidationError
 from batchgen.publish import ATTEMPTS, MANIFEST, REJECTED, RESULTS, VALIDATION
 from batchgen.records import Manifest
 from batchgen.schema import INPUT_COLUMN_KEY
+from batchgen.table_figures import ATTEMPT_COLUMNS, TableFigures
 
 SAMPLE_SIZE = 10
 BATCH_ROWS = 8192
@@ -66,17 +65,6 @@ def _batches(path: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
     yield from reader.iter_batches(batch_size=BATCH_ROWS, columns=present)
 
 
-def _lengths(path: Path, status: str) -> np.ndarray:
-    """Characters of every output with a text (accepted: a missing text counts as 0)."""
-    parts = []
-    for batch in _batches(path, ["text"]):
-        text = batch.column(0)
-        if status == "rejected":
-            text = pc.drop_null(text)
-        parts.append(pc.fill_null(pc.utf8_length(text), 0).to_numpy(zero_copy_only=False).astype(np.int32))
-    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
-
-
 def _sample(path: Path, columns: list[str], size: int) -> list[dict[str, Any]]:
     """A fixed-seed sample of `size` rows (pandas' `sample(random_state=0)` draw), in input order."""
     rows = pq.ParquetFile(path).metadata.num_rows
@@ -102,34 +90,15 @@ def _input_field(path: Path, column: str | None) -> str | None:
     return None
 
 
-def _attempt_aggregates(path: Path, started: datetime | None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Outputs per (attempt, finish reason), and tokens per engine chunk finished after `started`."""
-    finish: Counter = Counter()
-    chunks: dict[Any, list[Any]] = {}
-    for batch in _batches(path, ["attempt", "finish_reason", "new_output_tokens", "chunk_seconds",
-                                 "chunk_finished_at"]):
-        frame = batch.to_pandas()
-        if frame.empty:
-            continue
-        counted = pd.DataFrame({"attempt": frame["attempt"].astype(int).to_numpy(),
-                                "finish_reason": frame["finish_reason"].astype(object).fillna("unknown").to_numpy()})
-        finish.update({key: int(count) for key, count in counted.groupby(["attempt", "finish_reason"]).size().items()})
-        if "chunk_finished_at" not in frame:
-            continue
-        timed = frame.dropna(subset=["chunk_finished_at"])
-        if started is not None:
-            timed = timed[timed["chunk_finished_at"] >= started]  # reused results are not this run's work
-        for at, group in timed.groupby("chunk_finished_at"):
-            entry = chunks.setdefault(at, [0, group["chunk_seconds"].iloc[0]])
-            entry[0] += int(group["new_output_tokens"].sum())
-    table = pd.Series(finish, dtype="int64").unstack(fill_value=0) if finish else pd.DataFrame()
-    if not table.empty:
-        table.index.name, table.columns.name = None, None
-        table = table.sort_index()
-    frame = pd.DataFrame([{"chunk_finished_at": at, "tokens": tokens, "chunk_seconds": seconds}
-                          for at, (tokens, seconds) in sorted(chunks.items())],
-                         columns=["chunk_finished_at", "tokens", "chunk_seconds"])
-    return table, frame
+def table_figures(root: Path) -> TableFigures:
+    """The charts' figures of a publication's tables (`TableFigures`), read a batch of rows at a time."""
+    figures = TableFigures()
+    for batch in _batches(root / ATTEMPTS, ATTEMPT_COLUMNS):
+        figures.add_attempts(batch)
+    for name, status in ((RESULTS, "accepted"), (REJECTED, "rejected")):
+        for batch in _batches(root / name, ["text"]):
+            figures.add_lengths(batch.column(0), status)
+    return figures
 
 
 def expected_keyword(row_input: Any, column: str | None) -> str | None:
@@ -145,8 +114,10 @@ def expected_keyword(row_input: Any, column: str | None) -> str | None:
     return None if value is None else str(value)
 
 
-def load_publication(run_dir: Path) -> Publication:
-    """Read what the report needs; a missing or unreadable file is a NotAPublicationError naming it."""
+def load_publication(run_dir: Path, figures: TableFigures | None = None) -> Publication:
+    """Read what the report needs; a missing or unreadable file is a NotAPublicationError naming it. `figures`: the
+    tables' figures when known already (the publication's writer adds them up as it stages the windows), else read
+    here from the tables."""
     root = Path(run_dir)
     if not root.is_dir():
         raise NotAPublicationError(f"{root} is not a directory")
@@ -158,10 +129,8 @@ def load_publication(run_dir: Path) -> Publication:
         validation = json.loads((root / VALIDATION).read_text(encoding="utf-8"))
         started = datetime.fromisoformat(manifest.started_at) if manifest.started_at else None
         expectations = manifest.expectations
-        finish, chunks = _attempt_aggregates(root / ATTEMPTS, started)
-        lengths = pd.concat([pd.DataFrame({"chars": _lengths(root / RESULTS, "accepted"), "status": "accepted"}),
-                             pd.DataFrame({"chars": _lengths(root / REJECTED, "rejected"), "status": "rejected"})],
-                            ignore_index=True)
+        figures = table_figures(root) if figures is None else figures
+        finish, chunks, lengths = figures.finish_table(), figures.chunks_frame(started), figures.lengths_frame()
         accepted = _sample(root / RESULTS, ["item_id", "row_number", "attempt", "text", "finish_reason",
                                             "n_output_tokens"], SAMPLE_SIZE)
         keyword = expectations.get("keyword_column")
@@ -179,3 +148,14 @@ def load_publication(run_dir: Path) -> Publication:
     if isinstance(validation, dict):
         validation = [validation]
     return Publication(root, manifest, validation, finish, lengths, chunks, accepted, rejected, started, expectations)
+
+
+def unsealed_publication(root: Path, manifest: Manifest, validation: list[dict[str, Any]],
+                         figures: TableFigures) -> Publication:
+    """What the charts need of a publication whose tables are not sealed yet: its manifest as the seal will write
+    it (the counts, tokens, start and expectations are already there), its GX results and its tables' `figures`;
+    no samples (the page reads them from the sealed tables)."""
+    started = datetime.fromisoformat(manifest.started_at) if manifest.started_at else None
+    return Publication(Path(root), manifest, validation, figures.finish_table(), figures.lengths_frame(),
+                       figures.chunks_frame(started), [], [], started, manifest.expectations)
+

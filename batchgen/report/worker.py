@@ -57,24 +57,50 @@ def running_workers() -> list[ChartWorker]:
     return [worker for worker in _workers if worker.alive()]
 
 
-def ask_for_charts(run_dir: Path, workers: list[ChartWorker]) -> list[tuple[ChartWorker, list[int], Future]]:
-    """Share a page's charts among the ready `workers` (the costliest first, in turn) and ask each for its share;
-    returns (worker, chart indices, answer) for every request sent. A worker that cannot take its share (not
-    ready, busy, gone) is left out: its charts are for the caller to draw."""
+def ask_for_charts(run_dir: Path, workers: list[ChartWorker], figures: Any = None,
+                   which: list[int] | None = None) -> list[tuple[ChartWorker, list[int], Future]]:
+    """Share a page's charts (or those at the indices `which`) among the ready `workers` (the costliest first, in
+    turn) and ask each for its share; returns (worker, chart indices, answer) for every request sent. A worker that
+    cannot take its share (not ready, busy, gone) is left out: its charts are for the caller to draw. `figures`:
+    (TableFigures, manifest, validation) of a publication not sealed yet, which the workers draw from instead of
+    reading `run_dir`'s tables."""
     from batchgen.report.charts import CHART_COUNT
 
     ready = [worker for worker in workers if worker.idle()]
     if not ready:
         return []
-    by_cost = [1, 2, 3, 0][:CHART_COUNT]  # lengths (a histogram), expectations, throughput, finish reasons
-    shares = [sorted(by_cost[i::len(ready)]) for i in range(min(len(ready), CHART_COUNT))]
+    by_cost = [i for i in [1, 2, 3, 0][:CHART_COUNT] if which is None or i in which]  # lengths (a histogram),
+    # expectations, throughput, finish reasons
+    shares = [sorted(by_cost[i::len(ready)]) for i in range(min(len(ready), len(by_cost)))]
     asked = []
-    for worker, which in zip(ready, shares):
+    for worker, share in zip(ready, shares):
         try:
-            asked.append((worker, which, worker.charts(run_dir, which)))
+            payload = None if figures is None else charts_figures(*figures, share)
+            asked.append((worker, share, worker.charts(run_dir, share, payload)))
         except ChartWorkerError:
             continue
     return asked
+
+
+def charts_figures(tables: Any, manifest: Any, validation: list[dict[str, Any]], which: list[int]) -> dict[str, Any]:
+    """What a worker needs to draw the charts at `which` of a publication not sealed yet, as JSON values: the
+    tables' figures (batchgen.table_figures.TableFigures; the output lengths only for the length chart), the
+    manifest as the seal will write it and the GX results (only for the pass-rate chart)."""
+    figures = tables.to_json(lengths=1 in which)
+    return {"tables": figures, "manifest": manifest.to_json(), "validation": validation if 2 in which else []}
+
+
+def charts_publication(request: dict[str, Any]) -> Any:
+    """The publication a chart request is about: read from its folder, or from the figures it carries."""
+    from batchgen.records import Manifest
+    from batchgen.report.read import load_publication, unsealed_publication
+    from batchgen.table_figures import TableFigures
+
+    figures = request.get("figures")
+    if figures is None:
+        return load_publication(Path(request["run_dir"]))
+    return unsealed_publication(Path(request["run_dir"]), Manifest.model_validate(figures["manifest"]),
+                                figures["validation"], TableFigures.from_json(figures["tables"]))
 
 
 def ask_for_data_docs(run_dir: Path, workers: list[ChartWorker], validation: list[dict[str, Any]] | None = None,
@@ -99,7 +125,6 @@ def _close() -> None:
 def serve(requests: Any, answers: Any) -> None:
     """The child's loop: a JSON request per line in, a JSON answer per line out, until its input ends."""
     from batchgen.report.charts import report_charts
-    from batchgen.report.read import load_publication
 
     for line in requests:
         try:
@@ -111,7 +136,7 @@ def serve(requests: Any, answers: Any) -> None:
 
                 reply = {"validated": serve_validation(request["validate"])}
             else:
-                reply = {"charts": report_charts(load_publication(Path(request["run_dir"])), request.get("which"))}
+                reply = {"charts": report_charts(charts_publication(request), request.get("which"))}
         except Exception as exc:  # noqa: BLE001  (the parent draws in-process, where the error is raised)
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         answers.write(json.dumps(reply) + "\n")

@@ -84,3 +84,25 @@ def check_data_docs_index(page, root: Path) -> None:
     page.locator("table.ge-index-static a", has_text="first pass").click()
     page.wait_for_load_state("load")
     page.get_by_text("Expectation Validation Result").first.wait_for()
+
+
+def check_report_rebuilds_the_same(root: Path, tmp: Path) -> None:
+    """The publish step's report (its charts and figures from what the publication's writer added up as it staged
+    the windows) is the one `batchgen report` rebuilds from the sealed tables alone."""
+    import shutil
+
+    import batchgen.report.worker as worker_module
+    from batchgen.report import REPORT, write_report
+    from tests.unit.batchgen.report.test_worker import without_ids
+
+    copy = tmp / f"rebuilt-{root.name}"
+    shutil.copytree(root, copy)
+    (copy / REPORT).unlink()
+    workers, worker_module._workers = worker_module._workers, []  # in-process, as `batchgen report` does it
+    try:
+        write_report(copy)
+    finally:
+        worker_module._workers = workers
+    assert (without_ids((root / REPORT).read_text(encoding="utf-8"))
+            == without_ids((copy / REPORT).read_text(encoding="utf-8")))
+

@@ -14,7 +14,7 @@ import batchgen.engine
 from batchgen.job import job_from_dict
 from tests.conftest import product_job, write_products
 from tests.dataset_checks import check_readers
-from tests.e2e.report_checks import check_report_in_browser
+from tests.e2e.report_checks import check_report_in_browser, check_report_rebuilds_the_same
 
 pytestmark = pytest.mark.engine
 
@@ -136,6 +136,7 @@ def test_small_budget_is_retried_and_every_item_is_published_once(tmp_path, pref
 
     # The run report, opened offline in headless Chromium: charts render, figures are the manifest's.
     check_report_in_browser(out, manifest, "report-engine-run")
+    check_report_rebuilds_the_same((out / "current").resolve(), tmp_path)
 
     # A rerun of the unchanged job regenerates nothing and publishes the same dataset.
     again = batch_generation(job)
@@ -143,6 +144,7 @@ def test_small_budget_is_retried_and_every_item_is_published_once(tmp_path, pref
     assert again["tokens"]["generated_this_run"] == 0
     pd.testing.assert_frame_equal(pd.read_parquet(out / "current" / "accepted" / "accepted.parquet"), results)
     assert again["publication"] != manifest["publication"]  # a whole new set; the previous one is kept
+    check_report_rebuilds_the_same((out / "current").resolve(), tmp_path)  # every result reused: none this run's
     assert (out / "publications" / manifest["publication"] / "accepted" / "accepted.parquet").is_file()
     assert batchgen.engine.LOADS - loads_before <= 1
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import shutil
 
+import pandas as pd
+
 import batchgen.report.worker as worker_module
 from batchgen.job import job_from_dict
 from batchgen.publish import current_publication
 from batchgen.report import REPORT, write_report
+from batchgen.report.read import table_figures
 from tests.conftest import product_job
 from tests.flows.test_batch_generation_flow import stand_in  # noqa: F401  (fixture)
 from tests.unit.batchgen.report.test_worker import site, without_ids
@@ -34,12 +37,29 @@ def test_a_run_with_report_workers_publishes_the_report_batchgen_report_rebuilds
             return asked[-1]
 
         monkeypatch.setattr(tasks.publish, "start_data_docs", start_data_docs)
+        charts, figures = [], []
+        start_charts = tasks.publish.start_charts
+
+        def spied_charts(run_dir, staged, *args):
+            figures.append(staged)
+            charts.append(start_charts(run_dir, staged, *args))
+            return charts[-1]
+
+        monkeypatch.setattr(tasks.publish, "start_charts", spied_charts)
         job = job_from_dict(product_job(tmp_path, 12, expectations={"keyword_column": None},
-                                        retry={"max_passes": 1}))
+                                        retry={"max_passes": 1}, window_size=4))
         manifest = batch_generation(job)
         assert manifest.counts.items == 12
         assert len(asked) == 1 and asked[0] is not None and asked[0][0] is workers[0]  # the docs worker took them
+        # the other worker was asked for every chart before the seal, from the figures the three windows added up:
+        # those of the sealed tables
+        assert [(w, which) for w, which, _ in charts[0]] == [(workers[1], [0, 1, 2, 3])]
         published = current_publication(tmp_path / "out")
+        sealed = table_figures(published)
+        for staged, read in ((figures[0].finish_table(), sealed.finish_table()),
+                             (figures[0].lengths_frame(), sealed.lengths_frame()),
+                             (figures[0].chunks_frame(None), sealed.chunks_frame(None))):
+            pd.testing.assert_frame_equal(staged, read)
         rebuilt = tmp_path / "rebuilt"
         shutil.copytree(published, rebuilt)
         monkeypatch.setattr(worker_module, "_workers", [])  # in-process, as `batchgen report` does it

@@ -15,12 +15,13 @@ import batchgen.workers
 from batchgen.report import DATA_DOCS, REPORT, write_report, write_report_and_markdown
 from batchgen.report.datadocs import build_data_docs
 from batchgen.report.charts import report_charts
-from batchgen.report.read import load_publication
+from batchgen.report.read import load_publication, table_figures
 from batchgen.report.worker import (
     ChartWorker,
     ChartWorkerError,
     ask_for_charts,
     ask_for_data_docs,
+    charts_figures,
     wait_for,
     worker_count,
 )
@@ -82,6 +83,26 @@ def test_the_charts_are_shared_among_the_ready_workers_each_asked_once(published
     finally:
         starting.kill()
         starting.process.wait(timeout=30)
+
+
+def test_a_worker_draws_from_the_figures_of_a_publication_not_sealed_yet_what_its_sealed_tables_give(
+        tmp_path, published, worker, second_worker):
+    """The publish step asks for the charts before it seals the tables, with the figures its writer added up: the
+    workers read no table (their folder is empty here) and draw the images the sealed publication gives."""
+    root, _, _ = published
+    sealed = load_publication(root)
+    figures = (table_figures(root), sealed.manifest, sealed.validation)
+    empty = tmp_path / "staging"
+    empty.mkdir()
+    asked = ask_for_charts(empty, [worker, second_worker], figures, which=[0, 1, 3])
+    assert sorted(i for _, which, _ in asked for i in which) == [0, 1, 3]
+    drawn = report_charts(sealed)
+    for w, which, answer in asked:
+        assert wait_for(answer, w, timeout=120) == [drawn[i] for i in which]
+    # the pass-rate chart's share carries the GX results, the length chart's the lengths; the others neither
+    assert charts_figures(*figures, [2])["validation"] == sealed.validation
+    assert charts_figures(*figures, [0, 3])["validation"] == []
+    assert charts_figures(*figures, [0, 3])["tables"]["lengths"] == {}
 
 
 def test_one_worker_per_three_cores_one_to_five(monkeypatch):
