@@ -33,18 +33,28 @@ class TableFigures:
         self.lengths: dict[str, list[np.ndarray]] = {status: [] for status in STATUSES}
 
     def add_attempts(self, rows: pa.RecordBatch | pa.Table) -> None:
-        """A piece of the attempts table (any of ATTEMPT_COLUMNS it has)."""
-        frame = rows.to_pandas()
-        if frame.empty:
+        """A piece of the attempts table (any of ATTEMPT_COLUMNS it has). Counted by Arrow's group_by (a fifth of
+        what pandas took for a window of 1,024 rows: this runs in every window's staging)."""
+        table = pa.Table.from_batches([rows]) if isinstance(rows, pa.RecordBatch) else rows
+        if table.num_rows == 0:
             return
-        counted = pd.DataFrame({"attempt": frame["attempt"].astype(int).to_numpy(),
-                                "finish_reason": frame["finish_reason"].astype(object).fillna("unknown").to_numpy()})
-        self.finish.update({key: int(count) for key, count in counted.groupby(["attempt", "finish_reason"]).size().items()})
-        if "chunk_finished_at" not in frame:
+        reasons = pc.fill_null(table["finish_reason"].cast(pa.string()), "unknown")
+        counted = pa.table({"attempt": table["attempt"].cast(pa.int64()), "finish_reason": reasons}).group_by(
+            ["attempt", "finish_reason"], use_threads=False).aggregate([([], "count_all")])
+        for attempt, reason, count in zip(*(counted[name].to_pylist()
+                                            for name in ("attempt", "finish_reason", "count_all"))):
+            self.finish[(attempt, reason)] += count
+        if "chunk_finished_at" not in table.column_names:
             return
-        for at, group in frame.dropna(subset=["chunk_finished_at"]).groupby("chunk_finished_at"):
-            entry = self.chunks.setdefault(at, [0, group["chunk_seconds"].iloc[0]])
-            entry[0] += int(group["new_output_tokens"].sum())
+        timed = table.filter(pc.is_valid(table["chunk_finished_at"]))
+        # per commit: its tokens, and the seconds its chunk took as its first row says (the same on every row)
+        chunks = timed.group_by("chunk_finished_at", use_threads=False).aggregate([
+            ("new_output_tokens", "sum", pc.ScalarAggregateOptions(min_count=0)),
+            ("chunk_seconds", "first", pc.ScalarAggregateOptions(skip_nulls=False))])
+        for at, tokens, seconds in zip(chunks["chunk_finished_at"].to_pandas(),
+                                       chunks["new_output_tokens_sum"].to_pylist(),
+                                       chunks["chunk_seconds_first"].to_pylist()):
+            self.chunks.setdefault(at, [0, np.nan if seconds is None else seconds])[0] += int(tokens)
 
     def add_lengths(self, text: pa.Array | pa.ChunkedArray, status: str) -> None:
         """The `text` column of a piece of the accepted table (a missing text counts as 0 characters) or of the

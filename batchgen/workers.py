@@ -95,7 +95,8 @@ class Worker:
         meanwhile or it is gone)."""
         return self.ready.is_set() and not self.busy()
 
-    def charts(self, run_dir: Path, which: Sequence[int] | None = None, figures: dict[str, Any] | None = None) -> Future:
+    def charts(self, run_dir: Path, which: Sequence[int] | None = None,
+               figures: dict[str, Any] | None = None) -> Future:
         """Ask for the charts of `run_dir` (a sealed publication), all or those at the indices `which`; with
         `figures` (batchgen.report.worker.charts_figures), of those figures instead, the tables not read (not
         sealed yet). The future's result is `report_charts`'s list, or WorkerError. Raises WorkerError at once when
