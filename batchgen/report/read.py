@@ -158,4 +158,3 @@ def unsealed_publication(root: Path, manifest: Manifest, validation: list[dict[s
     started = datetime.fromisoformat(manifest.started_at) if manifest.started_at else None
     return Publication(Path(root), manifest, validation, figures.finish_table(), figures.lengths_frame(),
                        figures.chunks_frame(started), [], [], started, manifest.expectations)
-

@@ -3,10 +3,11 @@
 After the engine is done, the report's two slow parts are the charts (matplotlib) and GX's Data Docs, both pure
 Python: in one process they run one after the other, whatever the cores. A `ChartWorker` imports matplotlib while
 the run works; then it draws charts of a publication directory (`report_charts(load_publication(run_dir), which)`,
-exactly what the report draws in-process). Where there are cores for it, several workers share a page's charts
+exactly what the report draws in-process), or of the figures a publication's writer added up before its tables are
+sealed (`charts_figures`: the same images). Where there are cores for it, several workers share a page's charts
 (`worker_count`, `ask_for_charts`): the page waits for its costliest chart, not the sum. The first worker started
-also imports GX and builds the Data Docs (`ask_for_data_docs`): the publish step asks for them before it seals the
-tables, so that they are built beside the seal, the charts and the page. What no worker can take, the report does
+also imports GX and builds the Data Docs (`ask_for_data_docs`). The publish step asks for both before it seals the
+tables, so that they are built beside the seal and the page. What no worker can take, the report does
 in-process. This module is also the workers' program (`serve`, `main`): for validation workers (started with
 `--validate`, expectations.workers) too.
 """
@@ -69,8 +70,8 @@ def ask_for_charts(run_dir: Path, workers: list[ChartWorker], figures: Any = Non
     ready = [worker for worker in workers if worker.idle()]
     if not ready:
         return []
-    by_cost = [i for i in [1, 2, 3, 0][:CHART_COUNT] if which is None or i in which]  # lengths (a histogram),
-    # expectations, throughput, finish reasons
+    order = [1, 2, 3, 0][:CHART_COUNT]  # the costliest first: lengths (a histogram), expectations, throughput, finish
+    by_cost = [i for i in order if which is None or i in which]
     shares = [sorted(by_cost[i::len(ready)]) for i in range(min(len(ready), len(by_cost)))]
     asked = []
     for worker, share in zip(ready, shares):
