@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -127,10 +127,8 @@ def load_publication(run_dir: Path, figures: TableFigures | None = None) -> Publ
     try:
         manifest = read_manifest(root)
         validation = json.loads((root / VALIDATION).read_text(encoding="utf-8"))
-        started = datetime.fromisoformat(manifest.started_at) if manifest.started_at else None
         expectations = manifest.expectations
         figures = table_figures(root) if figures is None else figures
-        finish, chunks, lengths = figures.finish_table(), figures.chunks_frame(started), figures.lengths_frame()
         accepted = _sample(root / RESULTS, ["item_id", "row_number", "attempt", "text", "finish_reason",
                                             "n_output_tokens"], SAMPLE_SIZE)
         keyword = expectations.get("keyword_column")
@@ -147,14 +145,15 @@ def load_publication(run_dir: Path, figures: TableFigures | None = None) -> Publ
         row["expected"] = expected_keyword({keyword: row.pop(keyword_field)} if keyword_field else None, keyword)
     if isinstance(validation, dict):
         validation = [validation]
-    return Publication(root, manifest, validation, finish, lengths, chunks, accepted, rejected, started, expectations)
+    return replace(unsealed_publication(root, manifest, validation, figures), accepted_sample=accepted,
+                   rejected_sample=rejected)
 
 
 def unsealed_publication(root: Path, manifest: Manifest, validation: list[dict[str, Any]],
                          figures: TableFigures) -> Publication:
-    """What the charts need of a publication whose tables are not sealed yet: its manifest as the seal will write
-    it (the counts, tokens, start and expectations are already there), its GX results and its tables' `figures`;
-    no samples (the page reads them from the sealed tables)."""
+    """What the charts need of a publication, its tables sealed or not yet: its manifest (as the seal writes it:
+    the counts, tokens, start and expectations are there before), its GX results and its tables' `figures`; no
+    samples (`load_publication` adds them from the sealed tables)."""
     started = datetime.fromisoformat(manifest.started_at) if manifest.started_at else None
     return Publication(Path(root), manifest, validation, figures.finish_table(), figures.lengths_frame(),
                        figures.chunks_frame(started), [], [], started, manifest.expectations)

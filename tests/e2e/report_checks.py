@@ -87,13 +87,14 @@ def check_data_docs_index(page, root: Path) -> None:
 
 
 def check_report_rebuilds_the_same(root: Path, tmp: Path) -> None:
-    """The publish step's report (its charts and figures from what the publication's writer added up as it staged
-    the windows) is the one `batchgen report` rebuilds from the sealed tables alone."""
+    """The publish step's report and Data Docs (its charts and figures from what the publication's writer added up
+    as it staged the windows, made in-process or by report workers) are the ones `batchgen report` rebuilds, in
+    process, from the sealed tables alone."""
     import shutil
 
     import batchgen.report.worker as worker_module
     from batchgen.report import REPORT, write_report
-    from tests.unit.batchgen.report.test_worker import without_ids
+    from tests.unit.batchgen.report.test_worker import site, without_ids
 
     copy = tmp / f"rebuilt-{root.name}"
     shutil.copytree(root, copy)
@@ -103,6 +104,6 @@ def check_report_rebuilds_the_same(root: Path, tmp: Path) -> None:
         write_report(copy)
     finally:
         worker_module._workers = workers
+    assert site(root) == site(copy)
     assert (without_ids((root / REPORT).read_text(encoding="utf-8"))
             == without_ids((copy / REPORT).read_text(encoding="utf-8")))
-
