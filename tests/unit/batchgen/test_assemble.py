@@ -225,3 +225,37 @@ def test_selection_all_publishes_every_passing_candidate_and_each_item_once():
         assert not rejected & set(result.accepted["item_id"])
         counted = tally(result.accepted, result.rejected, final.assign(n_prompt_tokens=4, new_output_tokens=3))
         assert counted["items"] == len(ids) and counted["accepted"] == passing["item_id"].nunique(), seed
+
+
+def both_ways(monkeypatch, *args, **kwargs) -> tuple[Assembled, Assembled]:
+    """assemble's columnar path and its row-by-row one on the same arguments."""
+    import batchgen.assemble
+
+    got = []
+    for columnar in (True, False):
+        monkeypatch.setattr(batchgen.assemble, "COLUMNAR", columnar)
+        got.append(assemble(*args, **kwargs))
+    return got[0], got[1]
+
+
+def assert_same(columnar: Assembled, rows: Assembled) -> None:
+    pd.testing.assert_frame_equal(columnar.accepted, rows.accepted)
+    pd.testing.assert_frame_equal(columnar.rejected, rows.rejected)
+
+
+@pytest.mark.parametrize("selection", ["first_passing", "max_logprob"])
+def test_the_columnar_path_assembles_what_the_rows_do(monkeypatch, scenario, selection):
+    """Every field of every accepted and rejected row (early rejections first, then the failed candidates, then
+    the items never generated), their dtypes included: the published tables are made from these frames."""
+    sampling = SamplingSpec(n=2, selection=selection)
+    assert_same(*both_ways(monkeypatch, scenario.items, COLUMNS, scenario.early, latest_attempts(scenario.attempts),
+                           sampling))
+    for seed in range(40):
+        final = random_final(seed).assign(finish_reason="stop", n_output_tokens=3)
+        ids = list(dict.fromkeys(final["item_id"])) + ["never-generated"]
+        items = pd.DataFrame({"item_id": ids, "row_number": range(1, len(ids) + 1), "name": ids})
+        for passing in (None, True, False):  # as drawn, every candidate passing (no rejection), none passing
+            drawn = final if passing is None else final.assign(passed=passing,
+                                                               failed=[[] if passing else ["keyword"]] * len(final))
+            columnar, rows = both_ways(monkeypatch, items, ["name"], [], drawn, SamplingSpec(n=6, selection=selection))
+            assert_same(columnar, rows)
