@@ -217,6 +217,9 @@ def get_engine(spec: EngineSpec) -> Any:
         if front_end_here:
             from vllm import LLM
 
+            from batchgen.engine_process import switch_interval_from_env
+
+            switch_interval_from_env()  # where vLLM's front end runs (BATCHGEN_ENGINE_SWITCH_INTERVAL), if set
             llm = LLM(**llm_kwargs)
             config = llm.llm_engine.model_config
             engine = Engine(llm=llm, model=model, args=args, max_model_len=config.max_model_len,

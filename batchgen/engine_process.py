@@ -428,10 +428,43 @@ class _Server:
                                                             "the call's result could not be sent back")))
 
 
+# BATCHGEN_ENGINE_SWITCH_INTERVAL=SECONDS: Python's thread switch interval (sys.setswitchinterval; 0.005 by default)
+# in this process (or in the run's, where vLLM's front end runs there), set before vLLM is built, so that vLLM's
+# engine core, which vLLM forks from it, has it too. In
+# both, a thread that takes in requests or sends outputs shares one interpreter lock with the thread that steps
+# the engine; the interval bounds how long one waits for the other to let go of it (benchmarks.run
+# --engine-switch-interval: for comparing runs of this setting).
+SWITCH_INTERVAL_ENV = "BATCHGEN_ENGINE_SWITCH_INTERVAL"
+
+
+def switch_interval_from_env() -> float | None:
+    """BATCHGEN_ENGINE_SWITCH_INTERVAL as seconds where it is a positive number (set in this process), else None
+    (a value that is not is logged and left out)."""
+    value = os.environ.get(SWITCH_INTERVAL_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < 1:
+        log.warning("%s=%r is not a number of seconds between 0 and 1: left at %s", SWITCH_INTERVAL_ENV, value,
+                    sys.getswitchinterval())
+        return None
+    sys.setswitchinterval(seconds)
+    return seconds
+
+
+def switch_interval(llm: Any) -> float:
+    """The engine process's thread switch interval (for `ProcessEngine.run`)."""
+    return sys.getswitchinterval()
+
+
 def main(fd: int) -> int:
     # Ctrl-C in a terminal reaches every process of the foreground group: the run's process handles it and stops
     # this one (or its socket closes), so the engine is not torn down under a task that is still reading from it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    switch_interval_from_env()
     conn = Connection(fd)
     try:
         _, factory, kwargs = conn.recv()

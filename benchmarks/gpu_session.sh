@@ -31,6 +31,9 @@
 #   RUN_EXTRA="--add-per-step 100000" BESIDE80=0 STEPS=paired80 ...   # a window's requests into the engine at once
 #   SIZES=60000 REPEATS16=2 BESIDE16=0 RUN_EXTRA="--hf-items 0" STEPS=paired16 ...
 #                                               # raw and the flow twice at 60,000 x 16, without HF
+#   ... RUN_EXTRA="--hf-items 0 --engine-switch-interval 0.0005" STEPS=paired16 ...   # the same with Python's
+#                                               # thread switch interval at 0.5 ms in the engine's process and
+#                                               # vLLM's engine core (both methods): a call beside one without it
 #   PROBE16=0 / PROBE80=0                       # paired16 and variants16 probe the host's pace with raw's call on
 #                                               # 4,096 prompts (PROBE16) before each repeat and after every run,
 #                                               # paired80 and variants80 on 1,024 (PROBE80): the paced ratios, its

@@ -475,7 +475,10 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"The vLLM engine was built once ({result['engine']['load_seconds']:.1f} s) and shared by (a), (b) and (c); "
         + (f"the HF model loaded in {result['hf_static']['load_seconds']:.1f} s in its own process"
            if result.get("hf_static") else "HF transformers (d) did not run (`--hf-items 0`)")
-        + ". Load times are in no figure below.",
+        + ". Load times are in no figure below."
+        + (f" Python's thread switch interval in the engine's process and its engine core: "
+           f"{result['engine']['switch_interval'] * 1000:g} ms (`--engine-switch-interval`; Python's default 5 ms)."
+           if result["engine"].get("switch_interval") not in (None, 0.005) else ""),
         "",
     ]
     lines += render_case(result, config)

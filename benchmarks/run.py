@@ -210,6 +210,10 @@ def parse_args(argv: list[str] | None) -> Config:
                         help="the flow's engine stream adds at most N requests between two engine steps (default: "
                              "batchgen.stream.ADD_PER_STEP; sets BATCHGEN_STREAM_ADD_PER_STEP, which the engine's "
                              "process inherits): for comparing runs of this setting, e.g. a window's requests at once")
+    parser.add_argument("--engine-switch-interval", type=float, metavar="SECONDS",
+                        help="Python's thread switch interval in the engine's process and vLLM's engine core, which "
+                             "it forks (default Python's, 0.005; sets BATCHGEN_ENGINE_SWITCH_INTERVAL): for comparing "
+                             "runs of this setting; every method runs on that engine")
     parser.add_argument("--flow-variants", nargs="+", choices=list(FLOW_VARIANTS), metavar="VARIANT",
                         help="in every repeat, run the flow once per variant beside the same raw vLLM call, on the "
                              "same engine, the order reversed in every other repeat: "
@@ -275,6 +279,12 @@ def parse_args(argv: list[str] | None) -> Config:
         from batchgen.stream import ADD_PER_STEP_ENV
 
         os.environ[ADD_PER_STEP_ENV] = str(args.add_per_step)
+    if args.engine_switch_interval is not None:
+        if not 0 < args.engine_switch_interval < 1:
+            parser.error("--engine-switch-interval must be between 0 and 1 second")
+        from batchgen.engine_process import SWITCH_INTERVAL_ENV
+
+        os.environ[SWITCH_INTERVAL_ENV] = repr(args.engine_switch_interval)
     if args.beside_pipeline < 0:
         parser.error("--beside-pipeline must be 0 (off) or a number of items")
     if config.hf_items < 0:
@@ -1539,8 +1549,17 @@ def start_engine(memory: TreeMemory) -> tuple[Any, dict[str, Any]]:
             "dtype": engine_dtype(engine), "peak_rss_mb_at_load": mem["peak_rss_mb"],
             # where vLLM's front end and the engine stream ran: a process of their own, or the run's
             "front_end": "process" if hasattr(engine, "process") else "here",
+            # Python's thread switch interval where the engine's front end runs (--engine-switch-interval)
+            "switch_interval": engine_switch_interval(engine),
             **({"peak_gpu_memory_mb_at_load": mem["peak_gpu_memory_mb"]} if "peak_gpu_memory_mb" in mem else {})}
     return engine, info
+
+
+def engine_switch_interval(engine: Any) -> float:
+    """sys.getswitchinterval() in the process where vLLM's front end runs (its own, or this one)."""
+    from batchgen.engine_process import switch_interval
+
+    return engine.run(switch_interval) if hasattr(engine, "process") else sys.getswitchinterval()
 
 
 def engine_dtype(engine: Any) -> str | None:

