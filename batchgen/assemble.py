@@ -180,8 +180,8 @@ def picked_columns(picked: pd.DataFrame, copied: list[str], numbers: dict[str, A
     """`assemble`'s rows as columns, one candidate published per item (not selection `all`, not a structured
     output): the accepted rows' columns (item_id, row_number, input, `copied`, the choice's) and the rejected
     ones' (Rejection's fields), each a list in `picked`'s order: the values `assemble_rows` gives, made a column at
-    a time rather than a dict per row (a window of 1,824 rows on 2 cores: `assemble` 21-28 ms against 35-42,
-    benchmarks/results/cpu-columnar-assemble/)."""
+    a time rather than a dict per row (a window of 1,824 rows on 2 cores: `assemble` 21-28 ms against 28-42, medians
+    of two rounds: benchmarks/results/cpu-columnar-assemble/)."""
     passed = picked["passed"].astype(bool).to_numpy()
     kept, failed = np.flatnonzero(passed).tolist(), np.flatnonzero(~passed).tolist()
     ids, n_candidates = picked["item_id"].tolist(), picked["_n_candidates"].astype(int).tolist()

@@ -430,10 +430,9 @@ class _Server:
 
 # BATCHGEN_ENGINE_SWITCH_INTERVAL=SECONDS: Python's thread switch interval (sys.setswitchinterval; 0.005 by default)
 # in this process (or in the run's, where vLLM's front end runs there), set before vLLM is built, so that vLLM's
-# engine core, which vLLM forks from it, has it too. In
-# both, a thread that takes in requests or sends outputs shares one interpreter lock with the thread that steps
-# the engine; the interval bounds how long one waits for the other to let go of it (benchmarks.run
-# --engine-switch-interval: for comparing runs of this setting).
+# engine core, which vLLM forks from it, has it too. In both, a thread that takes in requests or sends outputs
+# shares one interpreter lock with the thread that steps the engine; the interval bounds how long one waits for the
+# other to let go of it (benchmarks.run --engine-switch-interval: for comparing runs of this setting).
 SWITCH_INTERVAL_ENV = "BATCHGEN_ENGINE_SWITCH_INTERVAL"
 
 
