@@ -147,14 +147,11 @@ def assemble(
     passing = (final[final["passed"].astype(bool)].sort_values(["item_id", "candidate"], kind="stable")
                .groupby("item_id", sort=False) if every and len(final) else None)
     copied = [f for f in fields if f in picked.columns and f not in ("item_id", "row_number", "input")]
-    # the columns read below, not every attempt column (token ids and logprobs as Python lists cost the most)
-    read = {"item_id", "passed", "failed", "candidate", "attempt", "text", "finish_reason", "n_output_tokens",
-            "_n_candidates", "_n_passing", *copied}
     if every or extra or not COLUMNAR:  # a row per published candidate, a structured output's fields
-        assemble_rows(picked, passing, read, copied, extra, numbers, inputs, sampling, accepted, rejected, generated)
+        assemble_rows(picked, passing, copied, extra, numbers, inputs, sampling, accepted, rejected, generated)
     elif len(picked):
         accepted_columns, rejected_columns = picked_columns(picked, copied, numbers, inputs, sampling)
-        generated.update(picked["item_id"].tolist())
+        generated.update(accepted_columns["item_id"], rejected_columns["item_id"])
     early_ids = {r.item_id for r in early_rejections}
     for item_id in item_ids:
         if item_id not in generated and item_id not in early_ids:
@@ -212,12 +209,15 @@ def picked_columns(picked: pd.DataFrame, copied: list[str], numbers: dict[str, A
     return accepted, rejected
 
 
-def assemble_rows(picked: pd.DataFrame, passing: Any, read: set[str], copied: list[str], extra: list[str],
+def assemble_rows(picked: pd.DataFrame, passing: Any, copied: list[str], extra: list[str],
                   numbers: dict[str, Any], inputs: dict[str, Any], sampling: SamplingSpec,
                   accepted: list[dict[str, Any]], rejected: list[Rejection], generated: set[str]) -> None:
     """`assemble`'s rows one by one, into `accepted` (a dict each) and `rejected`: with selection `all` (every
     passing candidate of `passing`, the passing rows grouped by item) or a structured output's fields."""
     every = passing is not None
+    # the columns read below, not every attempt column (token ids and logprobs as Python lists cost the most)
+    read = {"item_id", "passed", "failed", "candidate", "attempt", "text", "finish_reason", "n_output_tokens",
+            "_n_candidates", "_n_passing", *copied}
     for chosen in records(picked, [c for c in picked.columns if c in read]):
         item_id = chosen["item_id"]
         generated.add(item_id)
