@@ -34,6 +34,10 @@
 #   ... RUN_EXTRA="--hf-items 0 --engine-switch-interval 0.0005" STEPS=paired16 ...   # the same with Python's
 #                                               # thread switch interval at 0.5 ms in the engine's process and
 #                                               # vLLM's engine core (both methods): a call beside one without it
+#                                               # (lease-2026-12-07g, a slow host: nothing readable)
+#   STEPS=variants16 VARIANTS=switch05 SIZES=60000 REPEATS16=2 ...   # the same question in one call: the flow
+#                                               # with 5 ms and with 0.5 ms (set on the running engine) in every
+#                                               # repeat, beside the same raw calls
 #   PROBE16=0 / PROBE80=0                       # paired16 and variants16 probe the host's pace with raw's call on
 #                                               # 4,096 prompts (PROBE16) before each repeat and after every run,
 #                                               # paired80 and variants80 on 1,024 (PROBE80): the paced ratios, its
@@ -96,6 +100,10 @@
 #              REPEATS16=1 VARIANTS=stream RUN_EXTRA=--profile-engine-core: about 5.5 minutes with the setup, 4 more
 #              with --reversed-first (lease-2026-12-06g: the stream as slow as the flow); VARIANTS="stream stream_all
 #              wide": whether queuing every request at the start (the stream's, the flow's) restores raw's pace.
+#              VARIANTS=switch05: the flow with Python's thread switch interval at 0.5 ms where vLLM's front end
+#              runs and in its engine core, set on the running engine for the flow's run (a worker extension:
+#              benchmarks/switch_interval.py), beside the flow with 5 ms: whether the interpreter's lock between
+#              the core's input thread and its stepping slows the flow's steps on a fast host.
 #              VARIANTS=raw_load SIZES=60000 REPEATS16=2: raw's call again with about 1 core of CPU load beside
 #              it (4 processes partly busy), against raw alone, paced: whether CPU work like the flow's own slows
 #              the engine of a fast host through the host alone (lease-2026-12-07c: the flow's steps 11% slower

@@ -321,7 +321,22 @@ def variants_lines(variants: dict[str, Any] | None) -> list[str]:
              + f" of the host's cores busy on average ({loads[0]['processes']} processes; each repeat in order); "
              "its ratios are raw's own rate under that load against raw's alone" for name, loads in loaded.items()
              if loads]
+    notes += [_switch_note(name, runs) for name, runs in
+              ((name, [r["switch_interval"] for r in v["pairs"] if r.get("switch_interval")])
+               for name, v in variants.items()) if runs]
     return lines + ([""] + notes if notes else []) + [""]
+
+
+def _switch_note(name: str, runs: list[dict[str, Any]]) -> str:
+    """A variant's thread switch intervals as read back from the engine's processes during its runs and after."""
+    def ms(when: str, part: str) -> str:
+        found = {1000 * p["interval"] for run in runs
+                 for p in (run[when][part] if part == "engine_core" else [run[when][part]])}
+        return "/".join(f"{value:g}" for value in sorted(found)) + " ms"
+
+    return (f"- {name}: Python's thread switch interval during its runs {ms('during', 'front_end')} where vLLM's "
+            f"front end ran and {ms('during', 'engine_core')} in its engine core (read back from each process); "
+            f"after them {ms('after', 'front_end')} and {ms('after', 'engine_core')}")
 
 
 PROFILED = {"engine_core_profile": ("vLLM's engine core", "--profile-engine-core"),

@@ -255,6 +255,10 @@ def parse_args(argv: list[str] | None) -> Config:
         ENGINE.update(front_end_process=args.front_end == "process")
     if args.scheduling_policy:
         ENGINE.update(extra_args={"scheduling_policy": args.scheduling_policy})
+    if any("switch_interval" in FLOW_VARIANTS[name][0] for name in config.flow_variants):
+        from benchmarks.switch_interval import EXTENSION  # how a variant reaches vLLM's engine core
+
+        ENGINE.update(extra_args={**ENGINE.get("extra_args", {}), "worker_extension_cls": EXTENSION})
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if args.pace_probe < 0:
@@ -1153,6 +1157,11 @@ FLOW_VARIANTS: dict[str, tuple[dict[str, int | float | bool], str]] = {
                           "the report's charts asked of the workers only once the tables are sealed, each worker "
                           "reading them back (the publish step before its charts were drawn during the seal from "
                           "the figures the windows' rows added up to)"),
+    "switch05": ({"switch_interval": 0.0005},
+                 "Python's thread switch interval at 0.5 ms, not 5, for its run in the process where vLLM's front end "
+                 "runs and in vLLM's engine core (through a worker extension: benchmarks.switch_interval), as it was "
+                 "after: the same engine's pace with each interval, in the same repeats (--engine-switch-interval "
+                 "sets one interval for every method instead)"),
     "wide": ({"window_size": 8192, "windows_in_flight": 8},
              "the job's windows of 8,192 items, 8 feeding the engine at once (up to 65,536 requests queued, against "
              "3 of 2,048): the flow queuing about as much as raw's call up to 60,000 items"),
@@ -1170,19 +1179,22 @@ def set_add_per_step(engine: Any, add_per_step: int) -> int:
 
 
 @contextmanager
-def flow_variant(engine: Any, name: str) -> Iterator[None]:
-    """The flow under FLOW_VARIANTS[name] for the block, its own settings again after."""
+def flow_variant(engine: Any, name: str) -> Iterator[dict[str, Any]]:
+    """The flow under FLOW_VARIANTS[name] for the block, its own settings again after. Yields what the variant reads
+    back from the engine, filled in as the block ends (`switch_interval`: the intervals during it and after)."""
     import batchgen.prompts as prompts_module
     import flows.batch_generation as flow_module
     import tasks.publish as publish_module
+    from benchmarks import switch_interval
 
     settings = FLOW_VARIANTS[name][0]
     start_charts = publish_module.start_charts
     held = (flow_module.WINDOWS_HELD_PER_PLACE, flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES)
     ramp_down = flow_module.RAMP_DOWN
     tokenize_threads = prompts_module.tokenize_threads
-    added = None
+    added = switched = None
     pinned: dict[int, set[int]] = {}
+    applied: dict[str, Any] = {}
     try:
         if "engine_cores" in settings:
             pinned = pin_engine_cores(int(settings["engine_cores"]), int(settings["front_end_cores"]),
@@ -1199,7 +1211,10 @@ def flow_variant(engine: Any, name: str) -> Iterator[None]:
             added = set_add_per_step(engine, settings["add_per_step"])
         if settings.get("charts_after_seal"):
             publish_module.start_charts = lambda *args: []
-        yield
+        if "switch_interval" in settings:
+            switched = engine.run(switch_interval.swap, float(settings["switch_interval"]))
+            applied["switch_interval"] = {"during": engine.run(switch_interval.read)}
+        yield applied
     finally:
         publish_module.start_charts = start_charts
         flow_module.WINDOWS_HELD_PER_PLACE, flow_module.WINDOWS_HELD_PER_PLACE_NO_RETRIES = held
@@ -1207,6 +1222,8 @@ def flow_variant(engine: Any, name: str) -> Iterator[None]:
         prompts_module.tokenize_threads = tokenize_threads
         if added is not None:
             set_add_per_step(engine, added)
+        if switched is not None:
+            applied["switch_interval"]["after"] = engine.run(switch_interval.restore, switched)
         restore_affinity(pinned, bool(settings.get("engine_only")))
 
 
@@ -1334,6 +1351,8 @@ def variant_ratios(pairs: list[dict[str, Any]], variants: list[str]) -> dict[str
                 "ratio_vs_default_flow": ratio(default["flow"]["wall_seconds"], run["flow"]["wall_seconds"]),
                 "cpu": run["flow"].get("cpu"), "raw_cpu": raw.get("cpu"),
                 **({"load": run["flow"]["load"]} if "load" in run["flow"] else {}),  # raw_load: the load it had
+                # switch05: the intervals in force during its run (where the front end ran, in the engine core)
+                **({"switch_interval": run["switch_interval"]} if "switch_interval" in run else {}),
             })
         result[name] = {"settings": FLOW_VARIANTS[name][0], "pairs": rows,
                         **medians(rows, (*PAIR_RATIOS, "ratio_vs_default_flow"))}
@@ -1879,13 +1898,15 @@ def measure_case(cfg: Config, engine: Any, max_tokens: int, params: Any, csvs: d
                     out = cfg.work / f"out-{n}-{max_tokens}" / f"repeat-{repeat + 1}"
                     out = out if method == "default" else out.with_name(f"{out.name}-{method}")
                     job_settings = {key: settings[key] for key in JOB_SETTINGS if key in settings}
-                    with flow_variant(engine, method), profiled:
+                    with flow_variant(engine, method) as applied, profiled:
                         run = run_flow(bench_job(csvs[n], out, max_tokens, extra=job_settings), memory, by_item)
                     identical = identical and bool(run["prompts_identical"])
                     if method == "default":
                         pair["run"], pair["out"] = run, out
-                    pair["runs"][method] = {k: run[k] for k in ("flow", "generation", "engine_feed")}
+                    pair["runs"][method] = {**{k: run[k] for k in ("flow", "generation", "engine_feed")}, **applied}
                     log_run(method, run["flow"], run["engine_feed"], run["generation"])
+                    if "switch_interval" in applied:
+                        log(f"    thread switch interval: {applied['switch_interval']}")
                     probe(method, run["flow"], run["generation"])
             pairs.append(pair)
         spread = paired_ratios(pairs)

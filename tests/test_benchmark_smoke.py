@@ -30,18 +30,18 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
                            "--retry-variants", "in_stream",
                            "continue_then_grow_ahead_in_stream", "in_stream", "to_cap_in_stream",
                            "--windows-held-per-place", "3", "--add-per-step", "5", "--engine-switch-interval", "0.002",
-                           "--flow-variants", "add_all", "stream", "stream_all", "wide", "raw_load",
+                           "--flow-variants", "add_all", "stream", "stream_all", "wide", "raw_load", "switch05",
                            "--pace-probe", "4",
                            "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     # each measured run's line as it ends (2 sizes x 2 repeats), with its engine's pace where it was counted
     ran = re.findall(r"\] +(\w+): [\d.]+ s, [\d.]+ output tok/s.*, \d+ engine steps, [\d.]+ ms a step", proc.stderr)
-    methods_run = ("raw", "default", "add_all", "stream", "stream_all", "wide", "raw_load")
+    methods_run = ("raw", "default", "add_all", "stream", "stream_all", "wide", "raw_load", "switch05")
     assert Counter(ran) == {m: 4 for m in methods_run}, ran
     # --pace-probe: raw's call on 4 prompts before each repeat's first method and after every method
     probed = re.findall(r"\] +pace probe(?: after (\w+))?: [\d.]+ s, [\d.]+ output tok/s", proc.stderr)
-    assert len(probed) == 2 * 2 * 8 and Counter(probed)[""] == 4, probed
+    assert len(probed) == 2 * 2 * 9 and Counter(probed)[""] == 4, probed
     # and the host's CPU pace sampled through the run: during each probe, and each run's ratio paced by it
     with_pace = [p for repeat in json.loads((out / "latest.json").read_text())["sizes"]["8"]["pace_probes"]
                  for p in repeat if p.get("host_cpu_pace")]
@@ -83,7 +83,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
 
     # --flow-variants: the default flow and each variant beside the same raw call of every repeat
     variants = result["sizes"]["8"]["flow_variants"]
-    assert list(variants) == ["default", "add_all", "stream", "stream_all", "wide", "raw_load"]
+    assert list(variants) == ["default", "add_all", "stream", "stream_all", "wide", "raw_load", "switch05"]
     assert result["config"]["flow_variants"]["add_all"] == {"add_per_step": 1_000_000}
     assert result["config"]["flow_variants"]["wide"] == {"window_size": 8192, "windows_in_flight": 8}
     assert [p["flow_wall_seconds"] for p in variants["default"]["pairs"]] == [p["flow_wall_seconds"] for p in pairs]
@@ -91,7 +91,7 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
         assert len(v["pairs"]) == 2 and all(p["engine_steps"] > 0 and p["ratio_flow_vs_raw"] > 0 for p in v["pairs"])
     assert "| add_all | add_per_step 1,000,000 |" in (out / "latest.md").read_text(encoding="utf-8")
     # the pace probes of each repeat in the order they ran around the methods, and the ratios with them taken out
-    order = ["raw", "default", "add_all", "stream", "stream_all", "wide", "raw_load"]
+    order = ["raw", "default", "add_all", "stream", "stream_all", "wide", "raw_load", "switch05"]
     size = result["sizes"]["8"]
     assert [[p["after"] for p in repeat] for repeat in size["pace_probes"]] == [[None, *order], [None, *order[::-1]]]
     rates = [p["output_tokens_per_second"] for repeat in size["pace_probes"] for p in repeat]
@@ -113,6 +113,18 @@ def test_quick_benchmark_writes_every_figure(tmp_path):
         assert 8 <= row["flow_output_tokens"] <= 64 and row["engine_steps"] > 0
         assert row["load"]["processes"] == 4 and row["load"]["cpu_seconds"] > 0 and row["load"]["busy_cores"] > 0.1
     assert "- raw_load: raw's call with CPU load beside it" in (out / "latest.md").read_text(encoding="utf-8")
+    # switch05: 0.5 ms during its runs where vLLM's front end ran and in vLLM's engine core, read back through the
+    # worker extension (on the CPU build both are the benchmark's process); --engine-switch-interval's 2 ms after
+    assert result["engine"]["args"]["worker_extension_cls"] == "benchmarks.switch_interval.SwitchInterval"
+    for row in variants["switch05"]["pairs"]:
+        during, after = row["switch_interval"]["during"], row["switch_interval"]["after"]
+        assert during["front_end"]["interval"] == 0.0005 and after["front_end"]["interval"] == 0.002, row
+        assert [c["interval"] for c in during["engine_core"]] == [0.0005], row
+        assert [c["interval"] for c in after["engine_core"]] == [0.002], row
+    assert ("- switch05: Python's thread switch interval during its runs 0.5 ms where vLLM's front end ran and "
+            "0.5 ms in its engine core") in (out / "latest.md").read_text(encoding="utf-8")
+    for row in variants["default"]["pairs"]:
+        assert "switch_interval" not in row
 
     # the flow's time outside the engine's span: before its first request and after its last output, whose parts
     # (the last windows, then publishing) make it up
