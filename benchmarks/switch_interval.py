@@ -3,9 +3,8 @@
 on a GPU, the run's own where the front end runs there) and in vLLM's engine core, through a worker extension
 (vLLM's `worker_extension_cls`, which `collective_rpc` reaches by name). With one GPU the worker runs in the
 engine core's process, so the extension sets the core's interval (vLLM's CPU build, as batchgen runs it, keeps its
-engine core in the front end's process: one process, one interval). `--engine-switch-interval`
-sets one interval for every method before the engine is built; a variant compares two on the same engine, in the
-same repeats.
+engine core in the front end's process: one process, one interval). `--engine-switch-interval` sets one interval
+for every method before the engine is built; a variant compares two on the same engine, in the same repeats.
 """
 
 from __future__ import annotations
