@@ -1223,7 +1223,8 @@ def flow_variant(engine: Any, name: str) -> Iterator[dict[str, Any]]:
         if added is not None:
             set_add_per_step(engine, added)
         if switched is not None:
-            applied["switch_interval"]["after"] = engine.run(switch_interval.restore, switched)
+            # set back even where reading it during the block failed, whose error is the one raised
+            applied.setdefault("switch_interval", {})["after"] = engine.run(switch_interval.restore, switched)
         restore_affinity(pinned, bool(settings.get("engine_only")))
 
 

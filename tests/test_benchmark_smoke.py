@@ -566,6 +566,33 @@ def test_own_cores_gives_the_engine_whole_physical_cores_and_leaves_the_rest_to_
                                                                           "rest": {3, 4, 5}}
 
 
+def test_switch05_sets_the_interval_back_when_reading_it_fails_and_raises_that_error():
+    """--flow-variants switch05 on an engine whose worker answers the setting but fails the read-back: the flow does
+    not run, the read's own error is raised, and the interval is what it was (here the front end and the worker
+    share this process, as on vLLM's CPU build)."""
+    from benchmarks.run import flow_variant
+    from benchmarks.switch_interval import SwitchInterval
+
+    class LLM:  # vLLM's collective_rpc, the worker extension called in this process
+        calls = 0
+
+        def collective_rpc(self, method, args=()):
+            LLM.calls += 1
+            if LLM.calls == 2:  # the read after the setting
+                raise RuntimeError("the worker went away")
+            return [getattr(SwitchInterval(), method)(*args)]
+
+    class Engine:
+        def run(self, fn, *args):
+            return fn(LLM(), *args)
+
+    before = sys.getswitchinterval()
+    with pytest.raises(RuntimeError, match="the worker went away"):
+        with flow_variant(Engine(), "switch05"):
+            raise AssertionError("the flow ran")
+    assert sys.getswitchinterval() == before and LLM.calls > 2
+
+
 def test_flow_variant_own_cores_pins_each_thread_and_puts_it_back(monkeypatch):
     """own_cores sets every thread of the run's process on its group's CPUs for the block and back after; tok4
     caps the tokenizer's slices for the block."""
